@@ -1,0 +1,48 @@
+from django.contrib import admin
+
+from apps.accounts.models import ApiToken, Membership, Team
+from apps.quotas.models import TeamQuota, UserQuota
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+class TeamQuotaInline(admin.StackedInline):
+    model = TeamQuota
+    can_delete = False
+
+
+class UserQuotaInline(admin.TabularInline):
+    model = UserQuota
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "created_at")
+    search_fields = ("slug", "name")
+    inlines = [TeamQuotaInline, UserQuotaInline, MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ("team", "user", "role", "created_at")
+    list_filter = ("role", "team")
+    search_fields = ("user__username", "team__slug")
+    autocomplete_fields = ["user", "team"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("name", "user", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
+    list_filter = ("revoked_at",)
+    search_fields = ("name", "user__username", "prefix")
+    readonly_fields = ("user", "name", "prefix", "digest", "created_at", "last_used_at")
+    exclude = ()
+
+    def has_add_permission(self, request) -> bool:
+        return False  # tokens are created by their owner, who is the only one to see the secret

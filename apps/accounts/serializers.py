@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from rest_framework import serializers
+
+from apps.accounts.models import ApiToken, Membership, Role, Team, slug_validator
+
+User = get_user_model()
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=256, trim_whitespace=False, style={"input_type": "password"})
+    name = serializers.CharField(max_length=100, required=False, default="api")
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=settings.API_TOKEN_MAX_DAYS, required=False)
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=settings.API_TOKEN_MAX_DAYS, required=False)
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    active = serializers.BooleanField(source="is_active", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at", "active"]
+        read_only_fields = fields
+
+
+class NewTokenSerializer(TokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The secret: shown once, never again.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class MembershipOfUserSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["team", "role"]
+
+
+class UserSerializer(serializers.ModelSerializer):
+    password = serializers.CharField(write_only=True, required=False, max_length=256, trim_whitespace=False)
+    memberships = MembershipOfUserSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = User
+        fields = ["id", "username", "email", "first_name", "last_name", "is_staff", "is_active", "password",
+                  "memberships", "date_joined", "last_login"]
+        read_only_fields = ["id", "memberships", "date_joined", "last_login"]
+
+    def validate_password(self, value: str) -> str:
+        validate_password(value)
+        return value
+
+    def create(self, validated_data: dict) -> User:
+        password = validated_data.pop("password", None)
+        user = User(**validated_data)
+        if password:
+            user.set_password(password)
+        else:
+            user.set_unusable_password()
+        user.save()
+        return user
+
+    def update(self, instance: User, validated_data: dict) -> User:
+        password = validated_data.pop("password", None)
+        for name, value in validated_data.items():
+            setattr(instance, name, value)
+        if password:
+            instance.set_password(password)
+        instance.save()
+        return instance
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    slug = serializers.CharField(max_length=49, validators=[slug_validator])
+    name = serializers.CharField(max_length=120, required=False, allow_blank=True)
+
+    class Meta:
+        model = Team
+        fields = ["id", "slug", "name", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+    def validate_slug(self, value: str) -> str:
+        others = Team.objects.filter(slug=value)
+        if self.instance is not None:
+            others = others.exclude(pk=self.instance.pk)
+        if others.exists():
+            raise serializers.ValidationError("A team with this slug already exists.")
+        return value
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+        read_only_fields = fields
+
+
+class MembershipWriteSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.choices)
+
+    def validate_username(self, value: str) -> User:
+        user = User.objects.filter(username=value, is_active=True).first()
+        if user is None:
+            raise serializers.ValidationError(f"No active user named '{value}'.")
+        return user
+
+
+class RoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.http import HttpRequest
+from django.utils import timezone
+
+from apps.accounts import tokens
+from apps.accounts.models import ApiToken, Membership, Role, Team
+from apps.core.models import AuditEvent
+from apps.core.services import audit_record
+
+User = get_user_model()
+
+
+def token_create(
+    *, user: AbstractBaseUser, name: str, expires_in_days: int | None = None, request: HttpRequest | None = None
+) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the secret, which is never stored nor shown again."""
+    days = expires_in_days or settings.API_TOKEN_DEFAULT_DAYS
+    secret = tokens.new_secret("gpc")
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user,
+            name=name,
+            prefix=secret[:12],
+            digest=tokens.digest(secret),
+            expires_at=timezone.now() + timedelta(days=days),
+        )
+        audit_record(AuditEvent.Action.TOKEN_CREATED, actor=user, target=f"token {token.pk} {name}", request=request)
+    return token, secret
+
+
+def token_revoke(*, token: ApiToken, actor: AbstractBaseUser, request: HttpRequest | None = None) -> ApiToken:
+    with transaction.atomic():
+        updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        if updated:
+            audit_record(
+                AuditEvent.Action.TOKEN_REVOKED, actor=actor, target=f"token {token.pk} {token.name}", request=request
+            )
+    token.refresh_from_db()
+    return token
+
+
+def token_authenticate(secret: str) -> ApiToken | None:
+    """The active token with this secret, or None (unknown, revoked or expired)."""
+    token = ApiToken.objects.select_related("user").filter(digest=tokens.digest(secret)).first()
+    if token is None or not token.is_active or not token.user.is_active:
+        return None
+    now = timezone.now()
+    # Writing last_used on every request would make each API call a write; once a minute is enough.
+    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
+
+
+def membership_set(
+    *, team: Team, user: AbstractBaseUser, role: Role, actor: AbstractBaseUser, request: HttpRequest | None = None
+) -> Membership:
+    with transaction.atomic():
+        membership, created = Membership.objects.select_for_update().get_or_create(
+            team=team, user=user, defaults={"role": role}
+        )
+        old_role = None if created else membership.role
+        if not created and membership.role != role:
+            membership.role = role
+            membership.save(update_fields=["role"])
+        if created or old_role != role:
+            audit_record(
+                AuditEvent.Action.ROLE_CHANGED,
+                actor=actor,
+                target=f"{user.get_username()} in {team.slug}",
+                request=request,
+                old_role=old_role,
+                new_role=str(role),
+            )
+    return membership
+
+
+def membership_remove(*, membership: Membership, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
+    with transaction.atomic():
+        target = f"{membership.user.get_username()} in {membership.team.slug}"
+        old_role = membership.role
+        membership.delete()
+        audit_record(AuditEvent.Action.MEMBER_REMOVED, actor=actor, target=target, request=request, old_role=old_role)
+
+
+def team_create(*, slug: str, name: str, actor: AbstractBaseUser, request: HttpRequest | None = None) -> Team:
+    from apps.quotas.services import quota_ensure
+
+    with transaction.atomic():
+        team = Team.objects.create(slug=slug, name=name or slug)
+        quota_ensure(team)
+        audit_record(AuditEvent.Action.TEAM_CHANGED, actor=actor, target=f"team {slug}", request=request, created=True)
+    return team
+
+
+def ensure_demo_admin(username: str, password: str | None) -> tuple[AbstractBaseUser, str | None]:
+    """Create the demo admin if missing. Returns the user and the password to print when one was generated."""
+    import secrets
+
+    user = User.objects.filter(username=username).first()
+    if user is not None:
+        if password:
+            user.set_password(password)
+            user.save(update_fields=["password"])
+        return user, None
+    generated = None
+    if not password:
+        generated = password = secrets.token_urlsafe(12)
+    user = User.objects.create_superuser(username=username, email=f"{username}@localhost", password=password)
+    return user, generated

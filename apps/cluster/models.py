@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class Host(models.Model):
+    class State(models.TextChoices):
+        UP = "up", "up"
+        DOWN = "down", "down"
+        DRAINING = "draining", "draining"
+
+    name = models.CharField(max_length=100, unique=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.DOWN, db_index=True)
+    simulated = models.BooleanField(default=False, help_text="GPUs come from the simulated backend, not NVML.")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    agent_version = models.CharField(max_length=40, blank=True)
+    driver_version = models.CharField(max_length=40, blank=True)
+    cuda_version = models.CharField(max_length=40, blank=True)
+    address = models.CharField(max_length=200, blank=True, help_text="Address other hosts use to reach this one.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue_name(self) -> str:
+        return f"host.{self.name}"
+
+
+class GPU(models.Model):
+    class Health(models.TextChoices):
+        OK = "ok", "ok"
+        HOT = "hot", "hot"
+        FAULTY = "faulty", "faulty"
+        DRAINING = "draining", "draining"
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=80, unique=True)
+    gpu_type = models.CharField(max_length=60, db_index=True, help_text="Short model name, e.g. H200.")
+    model_name = models.CharField(max_length=120, blank=True, help_text="Full name reported by the driver.")
+    memory_mb = models.PositiveIntegerField()
+    health = models.CharField(max_length=10, choices=Health.choices, default=Health.OK)
+    health_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["host__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["host", "index"], name="one_gpu_per_host_index")]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}:{self.index} ({self.gpu_type})"
+
+    @property
+    def schedulable(self) -> bool:
+        return self.health == self.Health.OK
+
+
+class HostCredential(models.Model):
+    """The host agent's token, stored as a digest only."""
+
+    host = models.OneToOneField(Host, on_delete=models.CASCADE, related_name="credential")
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"credential of {self.host.name} ({self.prefix}…)"

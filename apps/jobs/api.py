@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import django_filters
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.jobs import selectors, services
+from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
+from apps.jobs.models import Job, JobAllocation
+from apps.jobs.serializers import CancelSerializer, JobEventSerializer, JobSerializer, JobSubmitSerializer
+from workers.runtime.catalog import PRESETS, WORKLOADS
+
+
+class JobFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=Job.State.choices)
+    team = django_filters.CharFilter(field_name="team__slug")
+    user = django_filters.CharFilter(field_name="user__username")
+    kind = django_filters.ChoiceFilter(choices=Job.Kind.choices)
+
+    class Meta:
+        model = Job
+        fields = ["state", "team", "user", "kind"]
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Jobs of the teams you belong to. Submit with POST; cancel with POST /{id}/cancel/."""
+
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+
+    def get_queryset(self):
+        allocations = JobAllocation.objects.select_related("gpu__host").order_by("gpu__host__name", "gpu__index")
+        return selectors.jobs_visible_to(self.request.user).prefetch_related(
+            Prefetch("allocations", queryset=allocations)
+        )
+
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    def create(self, request: Request) -> Response:
+        form = JobSubmitSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            job = services.job_submit(
+                user=request.user, spec=services.JobSpec(**form.validated_data), request=request._request
+            )
+        except JobSpecError as exc:
+            raise serializers.ValidationError(exc.errors) from None
+        except JobPermissionError as exc:
+            raise PermissionDenied(str(exc)) from None
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=CancelSerializer, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        form = CancelSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            services.job_cancel(job=job, actor=request.user, reason=form.validated_data["reason"],
+                                request=request._request)
+        except JobPermissionError as exc:
+            raise PermissionDenied(str(exc)) from None
+        except JobStateError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(responses=JobEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        page = self.paginate_queryset(selectors.job_events(job))
+        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+
+class PresetsView(APIView):
+    """The optimization presets a job may name."""
+
+    @extend_schema(responses=serializers.ListSerializer(child=serializers.DictField()))
+    def get(self, request: Request) -> Response:
+        return Response([preset.as_dict() for preset in PRESETS.values()])
+
+
+class WorkloadsView(APIView):
+    """The built-in workloads, with their parameters."""
+
+    @extend_schema(responses=serializers.ListSerializer(child=serializers.DictField()))
+    def get(self, request: Request) -> Response:
+        return Response([workload.as_dict() for workload in WORKLOADS.values()])

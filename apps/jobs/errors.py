@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+
+class JobSpecError(Exception):
+    """A job spec that can never run or is malformed: field -> message(s). The API answers 400."""
+
+    def __init__(self, errors: dict[str, object]):
+        super().__init__(errors)
+        self.errors = errors
+
+
+class JobPermissionError(Exception):
+    """The user may see the job or team but not do this to it. The API answers 403."""
+
+
+class JobStateError(Exception):
+    """The action does not apply to the job's current state. The API answers 409."""

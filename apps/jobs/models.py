@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from apps.accounts.models import Team
+from apps.cluster.models import GPU
+from apps.quotas.models import Priority
+
+
+class Job(models.Model):
+    class Kind(models.TextChoices):
+        TRAIN = "train", "train"
+        INFERENCE = "inference", "inference"
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "queued"
+        PLACED = "placed", "placed"
+        RUNNING = "running", "running"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+        PREEMPTED = "preempted", "preempted"
+
+    HOLDING_STATES = (State.PLACED, State.RUNNING)
+    FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+    name = models.CharField(max_length=200)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.TRAIN)
+    gpus = models.PositiveIntegerField()
+    gpu_type = models.CharField(max_length=60, blank=True)
+    priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.NORMAL)
+    preset = models.CharField(max_length=60)
+    workload = models.JSONField()
+    max_steps = models.PositiveIntegerField(null=True, blank=True)
+    time_limit_minutes = models.PositiveIntegerField()
+    max_retries = models.PositiveSmallIntegerField(default=0, help_text="Requeues after a lost host (at most 3).")
+
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    pending_reason = models.CharField(max_length=300, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=500, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0, help_text="Times the job was placed.")
+    preemption_count = models.PositiveSmallIntegerField(default=0)
+
+    steps_done = models.PositiveBigIntegerField(default=0)
+    steps_per_second = models.FloatField(null=True, blank=True)
+    samples_per_second = models.FloatField(null=True, blank=True)
+    last_loss = models.FloatField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["state", "team"]),
+            models.Index(fields=["team", "created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name} ({self.state})"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in self.FINAL_STATES
+
+
+class JobAllocation(models.Model):
+    """A GPU held by a job. At most one active (unreleased) allocation per GPU, enforced by the database."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="allocations")
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(released_at__isnull=True), name="one_active_allocation_per_gpu"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} for job {self.job_id}"
+
+
+class UsageSegment(models.Model):
+    """The usage ledger: one row per period a job held GPUs (from placement to release)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="usage_segments")
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="usage_segments")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="usage_segments")
+    gpus = models.PositiveIntegerField()
+    started_at = models.DateTimeField(db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job"], condition=Q(ended_at__isnull=True), name="one_open_segment_per_job")
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.gpus} GPUs from {self.started_at:%Y-%m-%d %H:%M} to {self.ended_at or 'now'}"
+
+    @property
+    def gpu_seconds(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return self.gpus * (self.ended_at - self.started_at).total_seconds()
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=10, blank=True)
+    to_state = models.CharField(max_length=10, blank=True)
+    reason = models.CharField(max_length=500)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.from_state}->{self.to_state} {self.reason}"

@@ -1,0 +1,370 @@
+"""Job state changes. Every transition happens here, under a row lock, and writes a JobEvent with its reason."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest
+from django.utils import timezone
+
+from apps.accounts.models import ROLE_RANK, Role, Team
+from apps.accounts.selectors import is_admin, role_in_team, teams_visible_to
+from apps.cluster.models import GPU, Host
+from apps.cluster.selectors import known_gpu_types, largest_pool
+from apps.core.models import AuditEvent
+from apps.core.services import audit_record
+from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
+from apps.jobs.models import Job, JobAllocation, JobEvent, UsageSegment
+from apps.jobs.selectors import can_cancel
+from apps.quotas.models import PRIORITY_RANK, Priority, UserQuota
+from apps.quotas.selectors import budget_exhausted, gpus_held
+from apps.quotas.services import quota_lock
+from workers.runtime.catalog import PRESETS, WORKLOADS, validate_params
+
+logger = logging.getLogger(__name__)
+State = Job.State
+ACTIVE_STATES = (State.QUEUED, State.PLACED, State.RUNNING, State.PREEMPTED)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    kind: str
+    gpus: int
+    workload: dict[str, Any]
+    team: str | None = None
+    gpu_type: str | None = None
+    priority: str = Priority.NORMAL
+    preset: str | None = None
+    max_steps: int | None = None
+    time_limit_minutes: int | None = None
+    max_retries: int = 0
+
+
+def default_preset(kind: str) -> str:
+    return "baseline-fp32" if kind == Job.Kind.TRAIN else "infer-fp32"
+
+
+# --- submission
+
+
+def _resolve_team(user: AbstractBaseUser, slug: str | None) -> Team:
+    if slug:
+        team = teams_visible_to(user).filter(slug=slug).first()
+        if team is None:
+            raise JobSpecError({"team": [f"You are not a member of a team named '{slug}'."]})
+        return team
+    submittable = [
+        m.team for m in user.memberships.select_related("team") if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.MEMBER]
+    ]
+    if len(submittable) == 1:
+        return submittable[0]
+    if not submittable:
+        raise JobSpecError({"team": ["You are not a member of any team that may submit jobs."]})
+    names = ", ".join(sorted(t.slug for t in submittable))
+    raise JobSpecError({"team": [f"You belong to several teams; name one of: {names}."]})
+
+
+def _check_role_and_priority(user: AbstractBaseUser, team: Team, priority: str, max_priority: str) -> None:
+    if is_admin(user):
+        return
+    role = role_in_team(user, team)
+    if role is None or ROLE_RANK[role] < ROLE_RANK[Role.MEMBER]:
+        raise JobPermissionError(f"Viewers of team {team.slug} cannot submit jobs.")
+    if priority == Priority.URGENT:
+        raise JobSpecError({"priority": ["Only site admins may submit urgent jobs."]})
+    if priority == Priority.HIGH and role != Role.MANAGER:
+        raise JobSpecError({"priority": [f"Only managers of team {team.slug} may submit high-priority jobs."]})
+    if PRIORITY_RANK[Priority(priority)] > PRIORITY_RANK[Priority(max_priority)]:
+        raise JobSpecError({"priority": [f"Team {team.slug} may use priorities up to '{max_priority}'."]})
+
+
+def _check_workload(kind: str, preset_name: str, workload: dict[str, Any]) -> dict[str, object]:
+    errors: dict[str, object] = {}
+    preset = PRESETS.get(preset_name)
+    if preset is None:
+        errors["preset"] = [f"Unknown preset '{preset_name}'; GET /api/v1/presets/ lists them."]
+    elif preset.kind != kind:
+        errors["preset"] = [f"Preset '{preset_name}' is for {preset.kind} jobs, not {kind} jobs."]
+    builtin = workload.get("builtin")
+    if builtin is not None:
+        spec = WORKLOADS.get(builtin)
+        if spec is None:
+            errors["workload"] = {"builtin": [f"Unknown built-in workload '{builtin}'; GET /api/v1/workloads/ lists them."]}
+        elif kind not in spec.kinds:
+            errors["workload"] = {"builtin": [f"Workload '{builtin}' does not support {kind} jobs."]}
+        else:
+            param_errors = validate_params(spec, workload.get("params") or {})
+            if param_errors:
+                errors["workload"] = {"params": {name: [msg] for name, msg in param_errors.items()}}
+    return errors
+
+
+def _check_gpus(team: Team, spec: JobSpec, quota: Any, user: AbstractBaseUser) -> dict[str, object]:
+    errors: dict[str, object] = {}
+    if spec.gpu_type:
+        types = known_gpu_types()
+        if spec.gpu_type not in types:
+            known = ", ".join(sorted(types)) or "none registered yet"
+            errors["gpu_type"] = [f"Unknown GPU type '{spec.gpu_type}'; registered types: {known}."]
+        elif quota.allowed_gpu_types and spec.gpu_type not in quota.allowed_gpu_types:
+            allowed = ", ".join(quota.allowed_gpu_types)
+            errors["gpu_type"] = [f"Team {team.slug} may use only these GPU types: {allowed}."]
+    gpu_errors: list[str] = []
+    if quota.max_gpus == 0:
+        gpu_errors.append(f"Team {team.slug} has no GPU quota.")
+    elif spec.gpus > quota.max_gpus:
+        gpu_errors.append(f"Team {team.slug} may hold at most {quota.max_gpus} GPUs at once.")
+    user_cap = UserQuota.objects.filter(team=team, user=user).values_list("max_gpus", flat=True).first()
+    if user_cap is not None and spec.gpus > user_cap:
+        gpu_errors.append(f"You may hold at most {user_cap} GPUs at once in team {team.slug}.")
+    if "gpu_type" not in errors:
+        pool = largest_pool(spec.gpu_type)
+        if spec.gpus > pool:
+            kind = f"{spec.gpu_type} GPUs" if spec.gpu_type else "GPUs of one type"
+            gpu_errors.append(f"The cluster has only {pool} {kind}.")
+    if gpu_errors:
+        errors["gpus"] = gpu_errors
+    return errors
+
+
+def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | None = None) -> Job:
+    team = _resolve_team(user, spec.team)
+    preset = spec.preset or default_preset(spec.kind)
+    with transaction.atomic():
+        # The quota row lock serialises submissions and placements of one team.
+        quota = quota_lock(team)
+        _check_role_and_priority(user, team, spec.priority, quota.max_priority)
+        errors = _check_workload(spec.kind, preset, spec.workload)
+        errors.update(_check_gpus(team, spec, quota, user))
+        if not errors and budget_exhausted(team, quota):
+            errors["team"] = [f"Team {team.slug} has used its {quota.gpu_hours_per_month} GPU-hour budget this month."]
+        if errors:
+            raise JobSpecError(errors)
+        held = gpus_held(team)
+        if held + spec.gpus > quota.max_gpus:
+            pending_reason = f"team {team.slug} holds {held} of {quota.max_gpus} GPUs"
+        else:
+            pending_reason = "waiting for the scheduler"
+        job = Job.objects.create(
+            name=spec.name,
+            team=team,
+            user=user,
+            kind=spec.kind,
+            gpus=spec.gpus,
+            gpu_type=spec.gpu_type or "",
+            priority=spec.priority,
+            preset=preset,
+            workload=spec.workload,
+            max_steps=spec.max_steps,
+            time_limit_minutes=spec.time_limit_minutes or _default_time_limit(),
+            max_retries=spec.max_retries,
+            pending_reason=pending_reason,
+        )
+        JobEvent.objects.create(job=job, to_state=State.QUEUED, reason=f"submitted by {user.get_username()}", actor=user)
+        request_scheduler_pass()
+    return job
+
+
+def _default_time_limit() -> int:
+    from django.conf import settings
+
+    return settings.JOBS_DEFAULT_TIME_LIMIT_MINUTES
+
+
+# --- transitions
+
+
+def _lock_job(job_id: int) -> Job | None:
+    return Job.objects.select_for_update().filter(pk=job_id).first()
+
+
+def _transition(
+    job: Job,
+    to_state: str,
+    reason: str,
+    *,
+    from_states: Iterable[str],
+    actor: AbstractBaseUser | None = None,
+    data: dict[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
+    """Conditional UPDATE of a locked job row; False when it is no longer in one of `from_states`."""
+    from_state = job.state
+    updated = Job.objects.filter(pk=job.pk, state__in=list(from_states)).update(
+        state=to_state, updated_at=timezone.now(), **fields
+    )
+    if updated != 1:
+        return False
+    JobEvent.objects.create(
+        job=job, from_state=from_state, to_state=to_state, reason=reason[:500], actor=actor, data=data or {}
+    )
+    job.state = to_state
+    for name, value in fields.items():
+        setattr(job, name, value)
+    return True
+
+
+def _release(job: Job, now: Any) -> None:
+    JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
+    UsageSegment.objects.filter(job=job, ended_at__isnull=True).update(ended_at=now)
+
+
+def job_place(job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by the scheduler") -> bool:
+    """Give a queued job its GPUs, atomically. False (and nothing changed) if anything no longer holds."""
+    try:
+        with transaction.atomic():
+            job = Job.objects.select_related("team").filter(pk=job_id).first()
+            if job is None or job.state != State.QUEUED or len(gpu_ids) != job.gpus:
+                return False
+            quota = quota_lock(job.team)
+            job = _lock_job(job_id)
+            if job is None or job.state != State.QUEUED:
+                return False
+            if gpus_held(job.team) + job.gpus > quota.max_gpus:
+                return False
+            user_cap = UserQuota.objects.filter(team=job.team, user_id=job.user_id).values_list("max_gpus", flat=True)
+            if user_cap and gpus_held(job.team, user=job.user) + job.gpus > user_cap[0]:
+                return False
+            gpus = list(GPU.objects.select_for_update().filter(pk__in=gpu_ids).select_related("host").order_by("pk"))
+            if len(gpus) != len(gpu_ids) or not all(_placeable(gpu, job) for gpu in gpus):
+                return False
+            if JobAllocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True).exists():
+                return False
+            now = timezone.now()
+            where = ", ".join(f"{gpu.host.name}:{gpu.index}" for gpu in gpus)
+            if not _transition(
+                job,
+                State.PLACED,
+                f"{reason} on {where}",
+                from_states=[State.QUEUED],
+                placed_at=now,
+                pending_reason="",
+                queue_position=None,
+                estimated_start=None,
+                attempts=job.attempts + 1,
+                data={"gpus": [gpu.uuid for gpu in gpus]},
+            ):
+                return False
+            JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu) for gpu in gpus])
+            UsageSegment.objects.create(job=job, team=job.team, user_id=job.user_id, gpus=job.gpus, started_at=now)
+            transaction.on_commit(lambda: _dispatch(job.pk))
+            return True
+    except IntegrityError:
+        # Another pass took one of these GPUs between our check and insert: the constraint held the line.
+        logger.info("placement of job %s lost a race for GPUs %s", job_id, gpu_ids)
+        return False
+
+
+def _placeable(gpu: GPU, job: Job) -> bool:
+    if gpu.health != GPU.Health.OK or gpu.host.state != Host.State.UP:
+        return False
+    return not job.gpu_type or gpu.gpu_type == job.gpu_type
+
+
+def job_mark_running(job_id: int, *, reason: str = "process started") -> bool:
+    with transaction.atomic():
+        job = _lock_job(job_id)
+        if job is None:
+            return False
+        return _transition(job, State.RUNNING, reason, from_states=[State.PLACED], started_at=timezone.now())
+
+
+def job_finish(
+    job_id: int, *, succeeded: bool, exit_code: int | None, reason: str, data: dict[str, Any] | None = None
+) -> bool:
+    with transaction.atomic():
+        job = _lock_job(job_id)
+        if job is None:
+            return False
+        now = timezone.now()
+        to_state = State.SUCCEEDED if succeeded else State.FAILED
+        changed = _transition(
+            job,
+            to_state,
+            reason,
+            from_states=[State.PLACED, State.RUNNING],
+            data=data,
+            exit_code=exit_code,
+            finished_at=now,
+            failure_reason="" if succeeded else reason[:500],
+        )
+        if changed:
+            _release(job, now)
+            request_scheduler_pass()
+        return changed
+
+
+def job_cancel(
+    *, job: Job, actor: AbstractBaseUser, reason: str = "", request: HttpRequest | None = None
+) -> Job:
+    if not can_cancel(actor, job):
+        raise JobPermissionError("You may not cancel this job.")
+    with transaction.atomic():
+        locked = _lock_job(job.pk)
+        if locked is None or locked.state not in ACTIVE_STATES:
+            raise JobStateError(f"Job {job.pk} is already {locked.state if locked else 'gone'}.")
+        was_holding = locked.state in Job.HOLDING_STATES
+        now = timezone.now()
+        text = f"cancelled by {actor.get_username()}" + (f": {reason}" if reason else "")
+        _transition(locked, State.CANCELLED, text, from_states=ACTIVE_STATES, actor=actor, finished_at=now)
+        if was_holding:
+            _release(locked, now)
+            request_scheduler_pass()
+        if actor.pk != locked.user_id:
+            audit_record(
+                AuditEvent.Action.JOB_CANCELLED_BY_OTHER,
+                actor=actor,
+                target=f"job {locked.pk} of {locked.user.get_username()}",
+                request=request,
+                team=locked.team.slug,
+            )
+    return locked
+
+
+def jobs_set_pending_info(infos: dict[int, tuple[str, int | None, Any]]) -> int:
+    """Store each waiting job's (reason, position, estimated start); writes only rows that changed."""
+    if not infos:
+        return 0
+    current = Job.objects.filter(pk__in=list(infos), state=State.QUEUED).values_list(
+        "pk", "pending_reason", "queue_position", "estimated_start"
+    )
+    changed = 0
+    for pk, reason, position, estimate in current:
+        new = infos[pk]
+        if (reason, position, estimate) != new:
+            Job.objects.filter(pk=pk, state=State.QUEUED).update(
+                pending_reason=new[0][:300], queue_position=new[1], estimated_start=new[2]
+            )
+            changed += 1
+    return changed
+
+
+# --- asynchronous follow-ups, always after commit
+
+
+def request_scheduler_pass() -> None:
+    """Ask for a scheduler pass soon. Requests within one second share a pass (beat runs one anyway)."""
+
+    def enqueue() -> None:
+        if not cache.add("jobs:scheduler-pass-requested", 1, timeout=1):
+            return
+        try:
+            from apps.jobs.tasks import scheduler_pass
+
+            scheduler_pass.apply_async(countdown=1)
+        except Exception:  # noqa: BLE001 - the broker being down must not fail the request; beat retries
+            logger.warning("could not enqueue a scheduler pass; the periodic pass will pick the job up", exc_info=True)
+
+    transaction.on_commit(enqueue)
+
+
+def _dispatch(job_id: int) -> None:
+    """Send a placed job to its host's queue (the worker-host issue fills this in)."""
+    logger.info("job %s placed", job_id)

@@ -1,0 +1,152 @@
+"""The scheduler's input snapshot and output decisions.
+
+Everything is immutable and plain: the console builds a Snapshot from its database, the simulator builds one
+from a trace, and a policy turns it into Decisions. Times are epoch seconds (floats); GPU ids are the console's
+primary keys (the simulator numbers them itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apps.scheduling.prediction import RuntimeHistory
+
+
+class Priority(IntEnum):
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+    URGENT = 3
+
+    @classmethod
+    def from_name(cls, name: str) -> Priority:
+        return cls[name.upper()]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    gpu_id: int
+    index: int
+    gpu_type: str
+    # False for GPUs marked hot, faulty or draining: they keep running jobs but receive no new ones.
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class HostView:
+    name: str
+    gpus: tuple[GpuView, ...]
+    # False for hosts that are down or draining.
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    job_id: int
+    team: str
+    user: str
+    gpus: int
+    priority: Priority
+    submitted_at: float
+    gpu_type: str | None = None
+    # GPU-seconds this job has already received (earlier runs before a preemption).
+    attained_gpu_seconds: float = 0.0
+    declared_steps: int | None = None
+    steps_done: int = 0
+    observed_step_s: float | None = None
+    time_limit_s: float | None = None
+    preemption_count: int = 0
+    # Groups "similar" jobs of a user for runtime prediction (e.g. image + entry point, or model name).
+    similarity_key: str | None = None
+    # Non-preemptible jobs are never stopped for priority or shortest-first, and never borrow.
+    preemptible: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    job_id: int
+    team: str
+    user: str
+    gpus: int
+    priority: Priority
+    gpu_ids: tuple[int, ...]
+    # When the current run started (after the last preemption, if any).
+    started_at: float
+    submitted_at: float
+    gpu_type: str | None = None
+    # GPU-seconds received BEFORE `started_at` (earlier runs); the policy adds (now - started_at) x gpus.
+    attained_gpu_seconds: float = 0.0
+    declared_steps: int | None = None
+    # Steps done as of `steps_reported_at` (None: as of now); the predictor extrapolates from there.
+    steps_done: int = 0
+    observed_step_s: float | None = None
+    time_limit_s: float | None = None
+    preemption_count: int = 0
+    # True when the job runs on GPUs borrowed beyond its team's quota (it may be reclaimed).
+    borrowing: bool = False
+    similarity_key: str | None = None
+    preemptible: bool = True
+    steps_reported_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TeamQuotaView:
+    team: str
+    max_gpus: int
+    # Optional per-user caps inside the team: user -> GPUs at once.
+    user_max_gpus: dict[str, int] = field(default_factory=dict)
+    share: float = 1.0
+    # Recent usage (GPU-seconds, decayed) for fair share.
+    recent_usage_gpu_seconds: float = 0.0
+    may_borrow: bool = False
+    # Fair share between the team's users: weights (default 1 each) and decayed recent usage.
+    user_shares: dict[str, float] = field(default_factory=dict)
+    user_recent_usage_gpu_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    hosts: tuple[HostView, ...]
+    pending: tuple[PendingJob, ...]
+    running: tuple[RunningJob, ...]
+    quotas: dict[str, TeamQuotaView]
+    # Finished runs of users' jobs, for predicting run times of jobs that declare no steps.
+    history: RuntimeHistory | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    job_id: int
+    gpu_ids: tuple[int, ...]
+    borrowing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PendingInfo:
+    reason: str
+    position: int
+    estimated_start: float | None = None
+    # Machine-readable reason: quota, user_cap, borrow, no_gpu_type, too_large, priority, gang, backfill,
+    # waiting (for GPUs behind jobs ahead), reserved (head of the queue, GPUs reserved for it).
+    code: str = ""
+    predicted_runtime_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    pending: dict[int, PendingInfo] = field(default_factory=dict)
+    # When the policy would decide differently even if nothing else happens (a job reaching its minimum run
+    # time, or crossing a priority threshold): a simulator or the console may run the next pass then.
+    wake_at: float | None = None

@@ -1,0 +1,22 @@
+"""The console's own Celery app: scheduler passes, reapers and dispatch to host queues."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+app = Celery("console")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@app.on_after_finalize.connect
+def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
+    from django.conf import settings
+
+    sender.add_periodic_task(
+        float(settings.SCHEDULER_PASS_INTERVAL_S), sender.signature("jobs.scheduler_pass"), name="scheduler pass"
+    )

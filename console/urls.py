@@ -1,0 +1,40 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from apps.accounts import api as accounts_api
+from apps.cluster import api as cluster_api
+from apps.core import views as core_views
+from apps.jobs import api as jobs_api
+from apps.quotas import api as quotas_api
+
+router = DefaultRouter()
+router.register("users", accounts_api.UserViewSet, basename="user")
+router.register("teams", accounts_api.TeamViewSet, basename="team")
+router.register("tokens", accounts_api.TokenViewSet, basename="token")
+router.register("hosts", cluster_api.HostViewSet, basename="host")
+router.register("jobs", jobs_api.JobViewSet, basename="job")
+router.register("audit", core_views.AuditEventViewSet, basename="audit")
+
+api_v1 = [
+    path("auth/token/", accounts_api.ObtainTokenView.as_view(), name="auth-token"),
+    path("teams/<slug:slug>/members/", accounts_api.TeamMembersView.as_view(), name="team-members"),
+    path("teams/<slug:slug>/members/<str:username>/", accounts_api.TeamMemberView.as_view(), name="team-member"),
+    path("teams/<slug:slug>/quota/", quotas_api.TeamQuotaView.as_view(), name="team-quota"),
+    path("teams/<slug:slug>/usage/", quotas_api.TeamUsageView.as_view(), name="team-usage"),
+    path("presets/", jobs_api.PresetsView.as_view(), name="presets"),
+    path("workloads/", jobs_api.WorkloadsView.as_view(), name="workloads"),
+    path("", include(router.urls)),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("", include("apps.dashboard.urls")),
+]
