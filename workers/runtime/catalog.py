@@ -64,7 +64,8 @@ PRESETS: dict[str, Preset] = {
                "one process per GPU under torchrun (NCCL on GPUs, gloo on CPU-only hosts).",
                {"distributed": "ddp", "precision": "bf16", "autocast": True}, multi_process=True),
         Preset("memory-saver", "train", "Activation checkpointing plus gradient accumulation up to a target global batch.",
-               {"activation_checkpointing": True, "gradient_accumulation": "auto", "precision": "bf16"}),
+               {"activation_checkpointing": True, "gradient_accumulation": "auto", "micro_batches": 4,
+                "precision": "bf16", "autocast": True}),
         Preset("throughput", "train", "bf16 autocast, torch.compile, channels-last for conv nets, fused optimizer and a "
                "tuned data loader (workers, pinned memory, prefetch).",
                {"precision": "bf16", "autocast": True, "compile": True, "channels_last": True, "fused_optimizer": True,

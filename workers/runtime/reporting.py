@@ -1,0 +1,79 @@
+"""Progress reports for the agent: JSON lines appended to CONSOLE_PROGRESS_FILE, and log lines.
+
+Only the main process (rank 0) writes; other ranks get a reporter that does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("workers.runtime")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe values: NaN/inf become null, tensors and numpy scalars become Python numbers."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+class Reporter:
+    def __init__(self, path: Path | None, enabled: bool = True) -> None:
+        self.path = path
+        self.enabled = enabled
+        if enabled and path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Append one JSON line (with a timestamp) and return it."""
+        line = {"type": record["type"], "ts": time.time(), **{k: v for k, v in record.items() if k != "type"}}
+        line = _clean(line)
+        if self.enabled and self.path is not None:
+            # One write per line in append mode, so a reader tailing the file never sees half a record
+            # from us (lines are far below PIPE_BUF).
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(line, separators=(",", ":")) + "\n")
+        return line
+
+    def progress(self, *, step: int, max_steps: int | None, loss: float | None, steps_per_s: float,
+                 samples_per_s: float, **extra: Any) -> None:
+        if not self.enabled:
+            return
+        self.emit({"type": "progress", "step": step, "max_steps": max_steps, "loss": loss,
+                   "steps_per_s": steps_per_s, "samples_per_s": samples_per_s, **extra})
+        total = f"/{max_steps}" if max_steps else ""
+        loss_txt = f"{loss:.4f}" if loss is not None and math.isfinite(loss) else "n/a"
+        log.info("step %d%s  loss %s  %.2f steps/s  %.1f samples/s", step, total, loss_txt, steps_per_s,
+                 samples_per_s)
+
+    def checkpoint(self, *, path: Path | str, step: int, **extra: Any) -> None:
+        if not self.enabled:
+            return
+        self.emit({"type": "checkpoint", "path": str(path), "step": step, **extra})
+        log.info("checkpoint at step %d: %s", step, path)
+
+    def result(self, **metrics: Any) -> None:
+        if not self.enabled:
+            return
+        line = self.emit({"type": "result", **metrics})
+        log.info("result: %s", json.dumps({k: v for k, v in line.items() if k not in ("type", "ts")}))
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every record in a progress file (helper for tests, benchmarks and local runs)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

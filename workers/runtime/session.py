@@ -1,0 +1,593 @@
+"""The API a job's script calls to run under the console.
+
+    from workers.runtime import session
+
+    rt = session.start()                                   # reads CONSOLE_* (and torchrun) env vars
+    model, optimizer, loader = rt.prepare(model, optimizer, loader)   # applies CONSOLE_PRESET, resumes
+    for x, y in rt.batches(loader, epochs=3):              # on the device; stops at CONSOLE_MAX_STEPS
+        with rt.step_context():                            # autocast etc.
+            loss = loss_fn(model(x), y)
+        rt.backward(loss)
+        if rt.optimizer_step():                            # False while accumulating gradients
+            rt.report(loss=loss)
+    rt.finish(accuracy=acc)                                # final weights + result record
+
+On SIGTERM the next `optimizer_step()` saves a checkpoint to CONSOLE_CHECKPOINT_DIR and exits with 143;
+`prepare()` resumes from the newest checkpoint there. Inference scripts use `prepare_inference()` and
+`infer()` instead, which time every batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import resource
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from . import checkpoint as ckpt
+from . import distributed as dist_utils
+from . import presets as ops
+from .catalog import PRESETS, Preset
+from .env import RuntimeEnv
+from .inference import LatencyStats, Timer, quantize_int8_dynamic
+from .precision import Precision, resolve
+from .presets import ResumableSampler
+from .reporting import Reporter
+
+log = logging.getLogger("workers.runtime")
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process killed by SIGTERM
+MODEL_FILE = "model.pt"
+METRICS_FILE = "metrics.json"
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux (bytes on macOS; the console's hosts are Linux).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Session:
+    def __init__(self, env: RuntimeEnv, preset: Preset, settings: dict[str, Any], *,
+                 install_signal_handler: bool = True) -> None:
+        self.env = env
+        self.preset = preset
+        self.settings = settings
+        self.device = dist_utils.pick_device(env)
+        self._owns_process_group = env.is_distributed and not torch.distributed.is_initialized()
+        self.distributed = dist_utils.init_process_group(env, self.device)
+        self.reporter = Reporter(env.progress_file, enabled=env.is_main)
+        distributed_mode = settings.get("distributed")
+        self.precision: Precision = resolve(settings.get("precision", "fp32"), self.device.type,
+                                            autocast=bool(settings.get("autocast")))
+        self.model: nn.Module | None = None  # what the script calls (maybe wrapped: DDP, compiled)
+        self.module: nn.Module | None = None  # the user's module underneath
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        self.teacher: nn.Module | None = None
+        self.channels_last = False
+        self.accumulation = 1
+        self.step = 0
+        self.epoch = 0
+        self.samples_seen = 0  # by this process
+        self.resumed_from: int | None = None
+        self.model_meta: dict[str, Any] = {}
+        self.max_steps = env.max_steps
+        self._distributed_mode = distributed_mode if self.distributed else None
+        self._batch_in_epoch = 0
+        self._micro = 0
+        self._planned_steps: int | None = None
+        self._last_loss: float | None = None
+        self._last_report: tuple[float, int, int] | None = None
+        self._train_start: tuple[float, int, int] | None = None
+        self._warm_start: tuple[float, int, int] | None = None
+        self._input_dtype: torch.dtype | None = None
+        self._latency = LatencyStats()
+        self._rss_at_start = _rss_bytes()
+        self._stop_requested = False
+        self._previous_handler: Any = None
+        self._closed = False
+        if distributed_mode and not self.distributed:
+            log.warning("preset %s runs %s over several processes, but this job has one; running unwrapped "
+                        "(launch with torchrun --nproc-per-node N)", preset.name, distributed_mode)
+        elif self.distributed and not distributed_mode:
+            log.warning("%d processes but preset %s is not distributed: each process trains its own copy",
+                        env.world_size, preset.name)
+        if install_signal_handler and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        log.info("job %s: preset %s on %s (rank %d/%d), precision %s%s", env.job_id, preset.name, self.device,
+                 env.rank, env.world_size, self.precision.name, " autocast" if self.precision.autocast else "")
+
+    # --- properties -------------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.is_main
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once SIGTERM arrived (the next optimizer step saves a checkpoint and exits)."""
+        return self._stop_requested
+
+    @property
+    def should_stop(self) -> bool:
+        """True when CONSOLE_MAX_STEPS optimizer steps are done."""
+        return self.max_steps is not None and self.step >= self.max_steps
+
+    @property
+    def planned_steps(self) -> int | None:
+        return self.max_steps if self.max_steps is not None else self._planned_steps
+
+    # --- training -------------------------------------------------------------------------------------
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                loader: DataLoader | None = None, *, teacher: nn.Module | None = None,
+                global_batch: int | None = None, seed: int = 0,
+                ) -> tuple[nn.Module, torch.optim.Optimizer | None, DataLoader | None]:
+        """Apply the preset to a training setup and resume from the newest checkpoint, if any.
+
+        Returns the model to call (possibly wrapped), the optimizer to step (possibly rebuilt) and the
+        loader to iterate (rebuilt: sharded across processes, batch size and tuning per preset).
+        `teacher` is used by the distill preset; `global_batch` is the memory-saver target (default: the
+        loader's batch size times the number of processes); `seed` fixes the data order.
+        """
+        if self.preset.kind != "train":
+            raise ValueError(f"preset {self.preset.name} is for inference: use prepare_inference()")
+        settings = self.settings
+        model.to(self.device)
+        self.module = model
+
+        distill = settings.get("distill")
+        if distill:
+            self._setup_teacher(model, teacher)
+        elif teacher is not None:
+            log.info("preset %s does not distill; ignoring the teacher", self.preset.name)
+
+        prune_cfg = settings.get("prune")
+        if prune_cfg:
+            ops.apply_pruning(model, float(prune_cfg.get("sparsity", 0.5)),
+                              prune_cfg.get("method", "l1_unstructured"))
+        if settings.get("activation_checkpointing"):
+            ops.apply_activation_checkpointing(model)
+        self.channels_last = bool(settings.get("channels_last")) and ops.has_conv(model)
+        if self.channels_last:
+            model.to(memory_format=torch.channels_last)
+            log.info("conv net: using channels-last memory format")
+
+        names_by_id = ops.named_parameter_ids(model)
+        wrapped: nn.Module = model
+        if self._distributed_mode == "ddp":
+            wrapped = ops.wrap_ddp(model, self.device)
+        elif self._distributed_mode == "fsdp2":
+            ops.shard_fsdp2(model, self.precision.dtype if self.precision.name != "fp32" else None)
+        if settings.get("compile"):
+            torch._dynamo.config.suppress_errors = True  # fall back to eager where compilation fails
+            wrapped.compile()
+            log.info("torch.compile enabled (the first steps compile)")
+        self.model = wrapped
+
+        if optimizer is not None:
+            fused = bool(settings.get("fused_optimizer"))
+            if self._distributed_mode == "fsdp2" or (fused and not ops.is_fused(optimizer)):
+                optimizer = ops.rebuild_optimizer(optimizer, names_by_id, dict(model.named_parameters()),
+                                                  fused=fused)
+        self.optimizer = optimizer
+        self.scaler = self.precision.make_scaler()
+        if self.scaler is not None:
+            log.info("loss scaling with GradScaler (%s)", self.precision.name)
+
+        if loader is not None:
+            loader = self._prepare_loader(loader, global_batch, seed)
+        self._resume()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._rss_at_start = _rss_bytes()
+        self._train_start = (time.perf_counter(), self.step, self.samples_seen)
+        return self.model, self.optimizer, loader
+
+    def _setup_teacher(self, student: nn.Module, teacher: nn.Module | None) -> None:
+        if teacher is None:
+            log.warning("preset %s needs a teacher model (prepare(..., teacher=...)); training without one",
+                        self.preset.name)
+            return
+        teacher.to(self.device).eval().requires_grad_(False)
+        self.teacher = teacher
+        student_n, teacher_n = ops.parameter_count(student), ops.parameter_count(teacher)
+        if student_n >= teacher_n:
+            log.warning("the student (%d params) is not smaller than the teacher (%d params)", student_n,
+                        teacher_n)
+        log.info("distillation: student %d params, teacher %d params (%.0f%%)", student_n, teacher_n,
+                 100 * student_n / max(teacher_n, 1))
+
+    def _prepare_loader(self, loader: DataLoader, global_batch: int | None, seed: int) -> DataLoader:
+        settings = self.settings
+        batch_size = loader.batch_size or 1
+        if settings.get("gradient_accumulation"):
+            target = global_batch or batch_size * self.world_size
+            micro = max(1, math.ceil(batch_size / int(settings.get("micro_batches", 4))))
+            self.accumulation = ops.accumulation_steps(target, micro, self.world_size)
+            log.info("gradient accumulation: %d micro-batches of %d per process -> global batch %d",
+                     self.accumulation, micro, self.accumulation * micro * self.world_size)
+            batch_size = micro
+        tuning = dict(settings.get("loader", {}))
+        if tuning.get("pin_memory") and self.device.type != "cuda":
+            log.info("pinned memory only helps host-to-GPU copies; not pinning on %s", self.device.type)
+            tuning["pin_memory"] = False
+        rebuilt = ops.rebuild_loader(loader, batch_size=batch_size, world_size=self.world_size, rank=self.rank,
+                                     seed=seed, num_workers=tuning.get("num_workers"),
+                                     pin_memory=tuning.get("pin_memory"),
+                                     prefetch_factor=tuning.get("prefetch_factor"))
+        if tuning:
+            log.info("data loader: %d workers, pin_memory=%s, prefetch_factor=%s", rebuilt.num_workers,
+                     rebuilt.pin_memory, rebuilt.prefetch_factor)
+        return rebuilt
+
+    def to_device(self, batch: Any) -> Any:
+        """`batch` moved to the job's device (and to channels-last / the inference dtype when the preset
+        asks)."""
+        return ops.move_to(batch, self.device, float_dtype=self._input_dtype, channels_last=self.channels_last,
+                           non_blocking=self.device.type == "cuda")
+
+    def batches(self, loader: DataLoader, epochs: int = 1) -> Iterator[Any]:
+        """Iterate `epochs` passes over `loader`, batches on the device.
+
+        Starts where a resumed checkpoint left off and stops after CONSOLE_MAX_STEPS optimizer steps.
+        """
+        self._planned_steps = epochs * math.ceil(len(loader) / self.accumulation)
+        sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
+        while self.epoch < epochs and not self.should_stop:
+            skip = self._batch_in_epoch
+            if sampler is not None:
+                sampler.set_epoch(self.epoch)
+            if isinstance(sampler, ResumableSampler):
+                sampler.start_index = skip * (loader.batch_size or 1)
+                position = skip
+                skip = 0
+            else:
+                position = 0
+            for batch in loader:
+                position += 1
+                if position <= skip:
+                    continue
+                self._batch_in_epoch = position
+                self.samples_seen += ops.batch_size_of(batch)
+                yield self.to_device(batch)
+                if self.should_stop:
+                    return
+            if isinstance(sampler, ResumableSampler):
+                sampler.start_index = 0
+            self.epoch += 1
+            self._batch_in_epoch = 0
+
+    @contextlib.contextmanager
+    def step_context(self) -> Iterator[None]:
+        """Wrap the forward pass and loss computation of one micro-batch."""
+        last_micro = (self._micro + 1) % self.accumulation == 0
+        if self.accumulation > 1 and self.model is not None:
+            # Skip the gradient all-reduce on micro-batches that only accumulate.
+            if hasattr(self.model, "require_backward_grad_sync"):
+                self.model.require_backward_grad_sync = last_micro
+            elif hasattr(self.model, "set_requires_gradient_sync"):
+                self.model.set_requires_gradient_sync(last_micro)
+        with self.precision.autocast_context():
+            yield
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """The preset's autocast on its own (for evaluation code)."""
+        return self.precision.autocast_context()
+
+    def distill_loss(self, loss: torch.Tensor, student_logits: torch.Tensor, inputs: Any) -> torch.Tensor:
+        """Under the distill preset, mix `loss` with the KL divergence to the teacher's softened logits;
+        otherwise return `loss` unchanged. Call inside step_context()."""
+        if self.teacher is None:
+            return loss
+        cfg = self.settings.get("distill", {})
+        temperature = float(cfg.get("temperature", 2.0))
+        alpha = float(cfg.get("alpha", 0.5))
+        with torch.no_grad():
+            teacher_logits = self.teacher(inputs)
+        vocab = student_logits.shape[-1]
+        student = F.log_softmax(student_logits.float().reshape(-1, vocab) / temperature, dim=-1)
+        target = F.softmax(teacher_logits.float().reshape(-1, vocab) / temperature, dim=-1)
+        soft = F.kl_div(student, target, reduction="batchmean") * temperature**2
+        return alpha * loss + (1.0 - alpha) * soft
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.accumulation > 1:
+            loss = loss / self.accumulation
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def optimizer_step(self) -> bool:
+        """Step the optimizer once the micro-batches of one step are accumulated; True when it stepped.
+
+        A step boundary is also where a pending SIGTERM is honoured: checkpoint, then exit 143.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("prepare() was called without an optimizer")
+        self._micro += 1
+        if self._micro % self.accumulation:
+            return False
+        max_norm = self.settings.get("max_grad_norm")
+        if self.scaler is not None:
+            if max_norm:
+                self.scaler.unscale_(self.optimizer)
+            self._clip(max_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self._clip(max_norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self._warm_start is None:
+            # Rates in the result leave out the first step (compilation, allocator and cache warm-up).
+            self._warm_start = (time.perf_counter(), self.step, self.samples_seen)
+        stop = dist_utils.any_rank(self._stop_requested, self.device) if self.distributed \
+            else self._stop_requested
+        if stop:
+            self._preempt()
+        every = self.env.checkpoint_every
+        if every and self.step % every == 0:
+            self.save_checkpoint()
+        return True
+
+    def _clip(self, max_norm: float | None) -> None:
+        if max_norm and self.model is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(max_norm))
+
+    # --- reports ----------------------------------------------------------------------------------------
+
+    def report(self, *, loss: float | torch.Tensor | None = None, step: int | None = None,
+               samples: int | None = None, **extra: Any) -> None:
+        """Report progress (rank 0 writes). `samples` is the total this process has processed so far
+        (default: counted by batches()); rates cover the time since the previous report."""
+        if loss is not None:
+            loss = float(loss.detach().float().item() if isinstance(loss, torch.Tensor) else loss)
+            self._last_loss = loss
+        step = self.step if step is None else step
+        samples = self.samples_seen if samples is None else samples
+        now = time.perf_counter()
+        previous = self._last_report or self._train_start or (now, step, samples)
+        elapsed = max(now - previous[0], 1e-9)
+        steps_per_s = (step - previous[1]) / elapsed
+        samples_per_s = (samples - previous[2]) * self.world_size / elapsed
+        self._last_report = (now, step, samples)
+        self.reporter.progress(step=step, max_steps=self.planned_steps, loss=loss, steps_per_s=steps_per_s,
+                               samples_per_s=samples_per_s, epoch=self.epoch, **extra)
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path | None:
+        """Save model, optimizer, step and RNG state to CONSOLE_CHECKPOINT_DIR (all ranks must call)."""
+        if self.env.checkpoint_dir is None or self.model is None:
+            log.warning("no CONSOLE_CHECKPOINT_DIR: not saving a checkpoint")
+            return None
+        extra = {"epoch": self.epoch, "batch_in_epoch": self._batch_in_epoch, "samples_seen": self.samples_seen,
+                 "preset": self.preset.name, "job_id": self.env.job_id, "world_size": self.world_size,
+                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                 "meta": self.model_meta}
+        path = ckpt.save_checkpoint(self.env.checkpoint_dir, step=self.step, model=self.model,
+                                    optimizer=self.optimizer, extra=extra)
+        self.reporter.checkpoint(path=path, step=self.step)
+        return path
+
+    def _resume(self) -> None:
+        path = ckpt.latest_checkpoint(self.env.checkpoint_dir)
+        if path is None or self.model is None:
+            return
+        data = ckpt.load_file(path)
+        ckpt.load_training_state(self.model, self.optimizer, data["model"], data.get("optimizer"))
+        if self.scaler is not None and data.get("scaler"):
+            self.scaler.load_state_dict(data["scaler"])
+        self.step = int(data["step"])
+        self.epoch = int(data.get("epoch", 0))
+        self._batch_in_epoch = int(data.get("batch_in_epoch", 0))
+        self.samples_seen = int(data.get("samples_seen", 0))
+        self._micro = self.step * self.accumulation
+        ckpt.set_rng_state(data["rng"])
+        self.resumed_from = self.step
+        log.info("resumed from %s (step %d, epoch %d)", path, self.step, self.epoch)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True
+        # Only a flag here: the checkpoint is taken at the next step boundary, where the state is consistent.
+        log.warning("SIGTERM: will checkpoint and exit at the next step boundary")
+
+    def _preempt(self) -> None:
+        path = self.save_checkpoint()
+        log.warning("preempted at step %d; checkpoint %s; exiting with %d", self.step, path,
+                    PREEMPTED_EXIT_CODE)
+        self.close()
+        sys.exit(PREEMPTED_EXIT_CODE)
+
+    # --- inference --------------------------------------------------------------------------------------
+
+    def prepare_inference(self, model: nn.Module) -> nn.Module:
+        """Apply an inference preset: eval mode, precision cast, int8 quantization, torch.compile."""
+        if self.preset.kind != "inference":
+            raise ValueError(f"preset {self.preset.name} is for training: use prepare()")
+        settings = self.settings
+        model.to(self.device).eval()
+        self.module = model
+        if self.precision.name != "fp32":
+            model.to(self.precision.dtype)
+            self._input_dtype = self.precision.dtype
+            log.info("inference in %s", self.precision.name)
+        if settings.get("quantize") == "int8_dynamic":
+            quantize_int8_dynamic(model)
+        elif settings.get("quantize"):
+            raise ValueError(f"unknown quantization {settings['quantize']!r}")
+        if settings.get("compile"):
+            torch._dynamo.config.suppress_errors = True
+            model.compile()
+            log.info("torch.compile enabled (the first batches compile)")
+        self.model = model
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._rss_at_start = _rss_bytes()
+        return model
+
+    def infer(self, model: nn.Module, loader: Any, *, warmup_batches: int = 1) -> Iterator[tuple[Any, Any]]:
+        """Run `model` on every batch of `loader`, yielding (batch, output); each forward pass is timed
+        (the first `warmup_batches` are not counted in the latency statistics)."""
+        for index, batch in enumerate(loader):
+            batch = self.to_device(batch)
+            with torch.inference_mode():
+                timer = Timer(self.device)
+                with timer:
+                    output = model(ops.inputs_of(batch))
+            if index < warmup_batches:
+                self._latency.warmup_batches += 1
+            else:
+                self._latency.add(timer.seconds, ops.batch_size_of(batch))
+            yield batch, output
+
+    def latency(self) -> dict[str, Any]:
+        return self._latency.summary()
+
+    # --- the end ----------------------------------------------------------------------------------------
+
+    def memory(self) -> dict[str, Any]:
+        if self.device.type == "cuda":
+            return {"peak_memory_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+                    "memory_kind": "cuda_max_allocated"}
+        peak = _peak_rss_bytes()
+        return {"peak_memory_bytes": peak, "memory_kind": "cpu_peak_rss",
+                "memory_increase_bytes": max(0, peak - self._rss_at_start)}
+
+    def finish(self, **metrics: Any) -> dict[str, Any]:
+        """Save the final weights to CONSOLE_OUTPUT_DIR, report the result record, release resources.
+
+        `metrics` (accuracy, final_loss...) are added to the result; every rank must call this."""
+        result: dict[str, Any] = {"job_id": self.env.job_id, "kind": self.preset.kind, "preset": self.preset.name,
+                                  "precision": self.precision.name, "device": str(self.device),
+                                  "world_size": self.world_size}
+        if self.preset.kind == "train" and self.model is not None:
+            result.update(self._training_summary())
+            model_path = self._save_final_model()
+            if model_path is not None:
+                result["model_path"] = str(model_path)
+        elif self.preset.kind == "inference":
+            result.update(self.latency())
+            if self.module is not None:
+                result["params"] = ops.parameter_count(self.module)
+        result.update(self.memory())
+        result.update(metrics)
+        self.reporter.result(**result)
+        if self.is_main and self.env.output_dir is not None:
+            self.env.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.env.output_dir / METRICS_FILE).write_text(json.dumps(result, indent=2, default=str))
+        self.close()
+        return result
+
+    def _training_summary(self) -> dict[str, Any]:
+        now = time.perf_counter()
+        start = self._warm_start if self._warm_start and self.step > self._warm_start[1] else self._train_start
+        start = start or (now, self.step, self.samples_seen)
+        elapsed = max(now - start[0], 1e-9)
+        summary: dict[str, Any] = {
+            "steps": self.step,
+            "samples": self.samples_seen * self.world_size,
+            "final_loss": self._last_loss,
+            "steps_per_s": (self.step - start[1]) / elapsed,
+            "samples_per_s": (self.samples_seen - start[2]) * self.world_size / elapsed,
+            "train_time_s": now - self._train_start[0] if self._train_start else None,
+            "accumulation_steps": self.accumulation,
+            "resumed_from_step": self.resumed_from,
+            "params": ops.parameter_count(self.module) if self.module is not None else None,
+        }
+        if self.settings.get("prune") and self.module is not None:
+            summary["sparsity"] = ops.weight_sparsity(self.module)
+        if self.teacher is not None:
+            summary["teacher_params"] = ops.parameter_count(self.teacher)
+        return summary
+
+    def _save_final_model(self) -> Path | None:
+        assert self.model is not None and self.module is not None
+        if self.settings.get("prune"):
+            ops.make_pruning_permanent(self.module)
+        state, _ = ckpt.training_state(self.model, None)  # a collective under FSDP
+        if self.env.output_dir is None or not self.is_main:
+            return None
+        meta = {**self.model_meta, "preset": self.preset.name, "step": self.step, "job_id": self.env.job_id}
+        return ckpt.save_model_file(self.env.output_dir / MODEL_FILE, state, meta)
+
+    def close(self) -> None:
+        """Restore the SIGTERM handler and leave the process group (finish() calls this)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._previous_handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_handler)
+        if self._owns_process_group:
+            dist_utils.shutdown()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers and not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def start(env: Mapping[str, str] | None = None, *, preset: str | None = None,
+          settings: Mapping[str, Any] | None = None, install_signal_handler: bool = True) -> Session:
+    """A session for this job: `env` defaults to os.environ; `preset` overrides CONSOLE_PRESET and
+    `settings` overrides parts of the preset's settings (e.g. {"prune": {"sparsity": 0.8}})."""
+    _configure_logging()
+    runtime_env = RuntimeEnv.from_env(env)
+    name = preset or runtime_env.preset
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+    return Session(runtime_env, PRESETS[name], _merge(PRESETS[name].settings, settings or {}),
+                   install_signal_handler=install_signal_handler)
