@@ -32,27 +32,30 @@ def schedule_fcfs(snapshot: Snapshot) -> Decisions:
         quota = snapshot.quotas.get(job.team)
         if quota is None:
             position += 1
-            pending[job.job_id] = PendingInfo(f"team {job.team} has no quota", position)
+            pending[job.job_id] = PendingInfo(f"team {job.team} has no quota", position, code="quota")
             continue
         if team_held[job.team] + job.gpus > quota.max_gpus:
             position += 1
-            reason = f"team {job.team} holds {team_held[job.team]} of {quota.max_gpus} GPUs"
-            pending[job.job_id] = PendingInfo(reason, position)
+            code, reason = "quota", f"team {job.team} holds {team_held[job.team]} of {quota.max_gpus} GPUs"
+            pending[job.job_id] = PendingInfo(reason, position, code=code)
             continue
         user_cap = quota.user_max_gpus.get(job.user)
         if user_cap is not None and user_held[(job.team, job.user)] + job.gpus > user_cap:
             position += 1
             held = user_held[(job.team, job.user)]
-            reason = f"user {job.user} holds {held} of {user_cap} GPUs allowed in team {job.team}"
-            pending[job.job_id] = PendingInfo(reason, position)
+            code, reason = (
+                "user_cap",
+                f"user {job.user} holds {held} of {user_cap} GPUs allowed in team {job.team}",
+            )
+            pending[job.job_id] = PendingInfo(reason, position, code=code)
             continue
         gpu_ids = choose_gpus(free, job.gpus, job.gpu_type)
         if gpu_ids is None:
             position += 1
             kind = f" of type {job.gpu_type}" if job.gpu_type else ""
             available = free.count(job.gpu_type)
-            reason = f"waiting for {job.gpus} free GPUs{kind} ({available} free now)"
-            pending[job.job_id] = PendingInfo(reason, position)
+            code, reason = "waiting", f"waiting for {job.gpus} free GPUs{kind} ({available} free now)"
+            pending[job.job_id] = PendingInfo(reason, position, code=code)
             continue
         free.take(gpu_ids)
         team_held[job.team] += job.gpus

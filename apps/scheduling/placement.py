@@ -135,12 +135,10 @@ def _choose_of_type(free: FreeGpus, count: int, gpu_type: str, consolidate: bool
             return tuple(hosts[host][:count])
     limit = free.max_hosts(count, gpu_type, consolidate)
     chosen: list[int] = []
-    used = 0
-    for host in sorted(hosts, key=lambda h: (-len(hosts[h]), free.host_order[h])):
+    for used, host in enumerate(sorted(hosts, key=lambda h: (-len(hosts[h]), free.host_order[h]))):
         if limit is not None and used >= limit:
             return None
         chosen.extend(hosts[host][: count - len(chosen)])
-        used += 1
         if len(chosen) == count:
             return tuple(chosen)
     return None

@@ -1,0 +1,49 @@
+"""Policy settings: one immutable dataclass the console keeps in its settings and the simulator builds per run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    # "console" (the full policy below), "fifo" (first come first served within priority, no reservation),
+    # "fifo-backfill" (FIFO within priority with a reservation for the head and backfill behind it),
+    # "fair-share" (the console's pass ordered by fair share alone, without shortest-first preemption).
+    policy: str = "console"
+
+    # Preemption. A running job may be stopped for a higher priority class of its own team, for a job of its own
+    # team and class whose predicted remaining GPU-time is `srpt_preempt_ratio` times shorter, or (when it
+    # borrows) for a team reclaiming its quota. The first two respect the minimum run time and the cap.
+    priority_preemption: bool = True
+    srpt_preemption: bool = True
+    srpt_preempt_ratio: float = 2.0
+    min_run_before_preempt_s: float = 10 * 60
+    max_preemptions_per_job: int = 3
+    # Victim searches per pass (each scans the running jobs): bounds a pass over a long queue.
+    max_preemption_searches: int = 64
+
+    # Quotas: a team within max_gpus is guaranteed its GPUs; beyond it, preemptible jobs of teams that may borrow
+    # run on idle GPUs and are reclaimed when an owner needs them.
+    borrowing: bool = True
+
+    # Order within a priority class. "shortest-remaining": predicted remaining GPU-time x fair-share penalties,
+    # divided by an aging boost (1 + wait / aging_s) so that long jobs cannot starve. "fair-share": the penalties
+    # alone (over the aging boost). "fifo": submit time.
+    ordering: str = "shortest-remaining"
+    aging_s: float = 2 * DAY
+    # Fair share: penalty = 2 ** (weight * usage fraction / share fraction), per team and per user in a team.
+    fair_share_weight: float = 1.0
+    # Half-life of usage decay (the console decays its own usage records; the simulator uses this).
+    usage_half_life_s: float = 7 * DAY
+
+    # Prediction: used when a job declares no steps, has no similar history and no time limit.
+    default_runtime_s: float = 4 * HOUR
+
+    # Gang placement: never split a gang over more hosts than the fewest that could hold it.
+    consolidate: bool = True
+    # Keep GPUs for the first job that cannot start, and let later jobs use them only if they end in time.
+    backfill: bool = True

@@ -1,0 +1,166 @@
+"""Choosing which running jobs to stop so that a waiting gang fits.
+
+Who may be stopped for whom (Kueue-like): a job borrowing beyond its team's quota, by any job of another team that
+is within its own quota (reclaim: no minimum run time, no cap; borrowing was the deal); a job of the same team in
+a lower priority class; a job of the same team and class whose predicted remaining GPU-time is `ratio` times
+longer. The last two only once the victim has run its minimum time and while it is under its preemption cap.
+Victims are taken cheapest first: reclaimable borrowers, then lower classes, then the longest remaining.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apps.scheduling.config import PolicyConfig
+from apps.scheduling.placement import FreeGpus
+from apps.scheduling.types import PendingJob, RunningJob
+
+RECLAIM = "reclaim"
+PRIORITY = "priority"
+SHORTER = "shorter"
+
+
+@dataclass(slots=True)
+class RunState:
+    job: RunningJob
+    remaining_s: float
+    score: float
+    # Inside its minimum run time or at its preemption cap: only a reclaim may stop it.
+    protected: bool
+    # host -> (gpu type, schedulable GPUs of this job on that host)
+    hosts: dict[str, tuple[str, int]]
+    stopped: bool = False
+
+    def victim_order(self) -> tuple[int, int, float, int]:
+        return (0 if self.job.borrowing else 1, int(self.job.priority), -self.score, self.job.job_id)
+
+
+def victim_kind(
+    victim: RunState, job: PendingJob, job_score: float, within_quota: bool, config: PolicyConfig
+) -> str | None:
+    running = victim.job
+    if victim.stopped:
+        return None
+    if running.borrowing and running.team != job.team and within_quota:
+        return RECLAIM
+    if victim.protected or not running.preemptible or running.team != job.team:
+        return None
+    if config.priority_preemption and running.priority < job.priority:
+        return PRIORITY
+    if (
+        config.srpt_preemption
+        and running.priority == job.priority
+        and victim.score > config.srpt_preempt_ratio * job_score
+    ):
+        return SHORTER
+    return None
+
+
+@dataclass(slots=True)
+class VictimPlan:
+    victims: list[tuple[RunState, str]]
+    gpu_type: str
+
+    def cost(self) -> tuple[int, int, int]:
+        worst = max((int(v.job.priority) for v, _ in self.victims), default=-1)
+        return (worst, sum(v.job.gpus for v, _ in self.victims), len(self.victims))
+
+
+def _plan_for_type(
+    job: PendingJob,
+    gpu_type: str,
+    eligible: list[tuple[RunState, str]],
+    free: FreeGpus,
+    quota_room_needed: int,
+    consolidate: bool,
+) -> VictimPlan | None:
+    free_on = {host: len(ids) for host, ids in free.free.get(gpu_type, {}).items()}
+    on_host: dict[str, list[tuple[RunState, str, int]]] = {}
+    for state, kind in eligible:
+        for host, (host_type, count) in state.hosts.items():
+            if host_type == gpu_type:
+                on_host.setdefault(host, []).append((state, kind, count))
+    freeable = {
+        h: free_on.get(h, 0) + sum(c for _, _, c in on_host.get(h, ())) for h in free_on.keys() | on_host
+    }
+    if sum(freeable.values()) < job.gpus:
+        return None
+
+    chosen: dict[int, tuple[RunState, str]] = {}
+
+    def stop_until(host: str, needed: int) -> None:
+        have = free_on.get(host, 0) + sum(c for s, _, c in on_host.get(host, ()) if s.job.job_id in chosen)
+        for state, kind, count in on_host.get(host, ()):
+            if have >= needed:
+                return
+            if state.job.job_id not in chosen:
+                chosen[state.job.job_id] = (state, kind)
+                have += count
+
+    capacity = free.host_capacity.get(gpu_type, 0)
+    if job.gpus <= capacity:
+        best: tuple[tuple[int, int, int], str, dict[int, tuple[RunState, str]]] | None = None
+        for host in sorted(freeable, key=free.host_order.__getitem__):
+            if freeable[host] < job.gpus:
+                continue
+            chosen = {}
+            stop_until(host, job.gpus)
+            plan = VictimPlan(list(chosen.values()), gpu_type)
+            if best is None or plan.cost() < best[0]:
+                best = (plan.cost(), host, dict(chosen))
+        if best is None and consolidate:
+            return None
+        if best is not None:
+            chosen = best[2]
+    if not chosen and (job.gpus > capacity or not consolidate):
+        limit = free.max_hosts(job.gpus, gpu_type, consolidate)
+        hosts = sorted(freeable, key=lambda h: (-freeable[h], free.host_order[h]))
+        if limit is not None:
+            hosts = hosts[:limit]
+        if sum(freeable[h] for h in hosts) < job.gpus:
+            return None
+        still = job.gpus
+        for host in hosts:
+            take = min(still, freeable[host])
+            stop_until(host, take)
+            still -= take
+            if still <= 0:
+                break
+
+    # Same-team victims also make room inside the team's quota.
+    freed_in_team = sum(s.job.gpus for s, _ in chosen.values() if s.job.team == job.team)
+    if freed_in_team < quota_room_needed:
+        for state, kind in eligible:
+            if freed_in_team >= quota_room_needed:
+                break
+            if state.job.team == job.team and state.job.job_id not in chosen:
+                chosen[state.job.job_id] = (state, kind)
+                freed_in_team += state.job.gpus
+        if freed_in_team < quota_room_needed:
+            return None
+    return VictimPlan(list(chosen.values()), gpu_type)
+
+
+def plan_preemption(
+    job: PendingJob,
+    job_score: float,
+    within_quota: bool,
+    quota_room_needed: int,
+    states: list[RunState],
+    free: FreeGpus,
+    config: PolicyConfig,
+) -> VictimPlan | None:
+    """The cheapest set of victims after which `job` fits, or None. `states` must be in victim order."""
+    eligible: list[tuple[RunState, str]] = []
+    for state in states:
+        kind = victim_kind(state, job, job_score, within_quota, config)
+        if kind is not None:
+            eligible.append((state, kind))
+    if not eligible:
+        return None
+    best: VictimPlan | None = None
+    for gpu_type in [job.gpu_type] if job.gpu_type else free.types():
+        plan = _plan_for_type(job, gpu_type, eligible, free, quota_room_needed, config.consolidate)
+        if plan is not None and plan.victims and (best is None or plan.cost() < best.cost()):
+            best = plan
+    return best

@@ -1,0 +1,369 @@
+"""The console's scheduling pass: priority classes, quotas with borrowing, fair share, shortest predicted
+remaining GPU-time first with aging, gang placement, preemption, and backfill behind one reservation.
+
+One pass, O(pending log pending + GPUs) plus a bounded number of victim searches:
+1. Running jobs get a predicted remaining time and a score; pending jobs are sorted by
+   (priority class desc, score, submit time, id).
+2. Each pending job, in that order, is placed on free GPUs if its team is within quota (or it may borrow); else,
+   within quota, it may stop victims (see preemption.py); else it waits with a reason.
+3. The first job within quota that cannot start becomes the head: the GPUs it will get when enough running jobs
+   end (at their predicted ends) are reserved from then; a later job may use them only if it will end first.
+4. Every waiting job gets a position and an estimated start (estimate.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from apps.scheduling.config import PolicyConfig
+from apps.scheduling.estimate import QueuedDemand, estimate_starts
+from apps.scheduling.ordering import FairShare, aging_boost
+from apps.scheduling.placement import FreeGpus, choose_gpus
+from apps.scheduling.prediction import predict_remaining_s
+from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, plan_preemption
+from apps.scheduling.types import (
+    Decisions,
+    PendingInfo,
+    PendingJob,
+    Placement,
+    Preemption,
+    RunningJob,
+    Snapshot,
+)
+
+PREEMPTION_REASONS = {
+    RECLAIM: "GPUs borrowed beyond team {team}'s quota were reclaimed by job {job} of team {other}",
+    PRIORITY: "stopped for higher-priority job {job} ({priority}) of team {other}",
+    SHORTER: "stopped for job {job}, predicted to finish much sooner",
+}
+
+
+@dataclass(slots=True)
+class Reservation:
+    job_id: int
+    start: float
+    gpu_ids: frozenset[int]
+    # Reserved GPUs that are free now, held out of the pool.
+    held: set[int] = field(default_factory=set)
+
+
+def _type_label(gpu_type: str | None) -> str:
+    return f" of type {gpu_type}" if gpu_type else ""
+
+
+def _fmt_hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"
+
+
+class ConsolePass:
+    def __init__(self, snapshot: Snapshot, config: PolicyConfig) -> None:
+        self.snapshot = snapshot
+        self.config = config
+        self.now = snapshot.now
+        self.free = FreeGpus.from_snapshot(snapshot)
+        self.fair = FairShare(snapshot, config.fair_share_weight)
+        self.team_held: dict[str, int] = defaultdict(int)
+        self.user_held: dict[tuple[str, str], int] = defaultdict(int)
+        self.schedulable_total: dict[str, int] = defaultdict(int)
+        for gpu_type in self.free.location.values():
+            self.schedulable_total[gpu_type[1]] += 1
+        self.states: list[RunState] = []
+        self.placements: list[Placement] = []
+        self.preemptions: list[Preemption] = []
+        self.pending: dict[int, PendingInfo] = {}
+        self.reservation: Reservation | None = None
+        self.searches = 0
+        # (predicted end, gpu ids) of jobs placed in this pass
+        self.placed_ends: list[tuple[float, tuple[int, ...]]] = []
+
+    # -- scores -------------------------------------------------------------------------------------------
+    def _remaining(self, job: PendingJob | RunningJob) -> float:
+        return predict_remaining_s(job, self.now, self.snapshot.history, self.config.default_runtime_s)
+
+    def _score(self, job: PendingJob | RunningJob, remaining_s: float) -> float:
+        ordering = self.config.ordering
+        if ordering == "fifo":
+            return 0.0
+        boost = aging_boost(job.submitted_at, self.now, self.config.aging_s)
+        penalty = self.fair.penalty(job.team, job.user)
+        if ordering == "fair-share":
+            return penalty / boost
+        return remaining_s * job.gpus * penalty / boost
+
+    def _running_states(self) -> None:
+        config = self.config
+        for job in self.snapshot.running:
+            self.team_held[job.team] += job.gpus
+            self.user_held[(job.team, job.user)] += job.gpus
+            remaining = self._remaining(job)
+            hosts: dict[str, tuple[str, int]] = {}
+            for gpu_id in job.gpu_ids:
+                where = self.free.location.get(gpu_id)
+                if where is not None:
+                    host, gpu_type, _ = where
+                    hosts[host] = (gpu_type, hosts.get(host, (gpu_type, 0))[1] + 1)
+            protected = (
+                self.now - job.started_at < config.min_run_before_preempt_s
+                or job.preemption_count >= config.max_preemptions_per_job
+            )
+            self.states.append(RunState(job, remaining, self._score(job, remaining), protected, hosts))
+        self.states.sort(key=RunState.victim_order)
+
+    # -- placement ----------------------------------------------------------------------------------------
+    def _choose(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
+        chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+        reservation = self.reservation
+        if chosen is not None or reservation is None or not reservation.held:
+            return chosen
+        if self.now + remaining_s > reservation.start:
+            return None
+        # Ends before the head's reserved start: it may use the reserved GPUs meanwhile.
+        held = list(reservation.held)
+        self.free.give(held)
+        chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+        self.free.take(g for g in held if chosen is None or g not in chosen)
+        if chosen is not None:
+            reservation.held.difference_update(chosen)
+            self.free.give(chosen)  # _commit takes them
+        return chosen
+
+    def _commit(self, job: PendingJob, gpu_ids: tuple[int, ...], borrowing: bool, remaining_s: float) -> None:
+        self.free.take(gpu_ids)
+        self.team_held[job.team] += job.gpus
+        self.user_held[(job.team, job.user)] += job.gpus
+        self.placements.append(Placement(job.job_id, gpu_ids, borrowing))
+        self.placed_ends.append((self.now + remaining_s, gpu_ids))
+
+    def _release(self, gpu_ids: tuple[int, ...]) -> None:
+        reservation = self.reservation
+        if reservation is None:
+            self.free.give(gpu_ids)
+            return
+        self.free.give(g for g in gpu_ids if g not in reservation.gpu_ids)
+        reservation.held.update(g for g in gpu_ids if g in reservation.gpu_ids and g in self.free.location)
+
+    def _recapture(self, gpu_ids: tuple[int, ...]) -> None:
+        reservation = self.reservation
+        for gpu_id in gpu_ids:
+            if reservation is not None and gpu_id in reservation.held:
+                reservation.held.discard(gpu_id)
+            elif self.free.is_free(gpu_id):
+                self.free.take((gpu_id,))
+
+    def _try_preempt(
+        self, job: PendingJob, score: float, remaining_s: float, within_quota: bool, quota_room_needed: int
+    ) -> bool:
+        if self.searches >= self.config.max_preemption_searches or not self.states:
+            return False
+        self.searches += 1
+        plan = plan_preemption(
+            job, score, within_quota, quota_room_needed, self.states, self.free, self.config
+        )
+        if plan is None:
+            return False
+        for state, _ in plan.victims:
+            state.stopped = True
+            self._release(state.job.gpu_ids)
+            self.team_held[state.job.team] -= state.job.gpus
+            self.user_held[(state.job.team, state.job.user)] -= state.job.gpus
+        chosen = self._choose(job, remaining_s)
+        if chosen is None:  # the reservation kept GPUs the plan counted on: undo
+            for state, _ in plan.victims:
+                state.stopped = False
+                self._recapture(state.job.gpu_ids)
+                self.team_held[state.job.team] += state.job.gpus
+                self.user_held[(state.job.team, state.job.user)] += state.job.gpus
+            return False
+        for state, kind in plan.victims:
+            reason = PREEMPTION_REASONS[kind].format(
+                team=state.job.team, job=job.job_id, other=job.team, priority=job.priority.name.lower()
+            )
+            self.preemptions.append(Preemption(state.job.job_id, reason))
+        self._commit(job, chosen, False, remaining_s)
+        return True
+
+    # -- reservation --------------------------------------------------------------------------------------
+    def _reserve(self, job: PendingJob) -> Reservation | None:
+        running = [(self.now + s.remaining_s, s.job.gpu_ids) for s in self.states if not s.stopped]
+        timeline = sorted(running + self.placed_ends, key=lambda item: item[0])
+        scratch = self.free.copy()
+        for end, gpu_ids in timeline:
+            scratch.give(gpu_ids)
+            if scratch.count(job.gpu_type) < job.gpus:
+                continue
+            chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
+            if chosen is not None:
+                reserved = frozenset(chosen)
+                held = {g for g in chosen if self.free.is_free(g)}
+                self.free.take(held)
+                return Reservation(job.job_id, end, reserved, held)
+        return None
+
+    # -- the pass -----------------------------------------------------------------------------------------
+    def _capacity_reason(self, job: PendingJob) -> tuple[str, str] | None:
+        if job.gpu_type is not None:
+            total = self.schedulable_total.get(job.gpu_type, 0)
+            if total == 0:
+                return "no_gpu_type", f"no schedulable GPU of type {job.gpu_type} in the cluster"
+        else:
+            total = max(self.schedulable_total.values(), default=0)
+        if job.gpus > total:
+            kind = _type_label(job.gpu_type)
+            return "too_large", f"asks for {job.gpus} GPUs{kind}; the cluster has {total} schedulable"
+        return None
+
+    def run(self) -> Decisions:
+        self._running_states()
+        ordered = []
+        for job in self.snapshot.pending:
+            remaining = self._remaining(job)
+            score = self._score(job, remaining)
+            ordered.append((-int(job.priority), score, job.submitted_at, job.job_id, job, remaining))
+        ordered.sort(key=lambda item: item[:4])
+
+        waiting: list[tuple[PendingJob, float, str, str]] = []
+        higher_class_waiting: dict[int, int] = defaultdict(int)
+        for _, score, _, _, job, remaining in ordered:
+            code_reason = self._place_or_explain(job, score, remaining, higher_class_waiting)
+            if code_reason is not None:
+                code, reason = code_reason
+                waiting.append((job, remaining, code, reason))
+                if code not in ("quota", "user_cap", "no_gpu_type", "too_large"):
+                    higher_class_waiting[int(job.priority)] += 1
+        self._explain(waiting)
+        # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
+        wake_at = self.now if self.preemptions and self.pending else self._wake_at()
+        return Decisions(
+            placements=tuple(self.placements),
+            preemptions=tuple(self.preemptions),
+            pending=self.pending,
+            wake_at=wake_at,
+        )
+
+    def _place_or_explain(
+        self, job: PendingJob, score: float, remaining: float, higher_class_waiting: dict[int, int]
+    ) -> tuple[str, str] | None:
+        config = self.config
+        quota = self.snapshot.quotas.get(job.team)
+        if quota is None:
+            return "quota", f"team {job.team} has no GPU quota"
+        capacity = self._capacity_reason(job)
+        if capacity is not None:
+            return capacity
+        user_cap = quota.user_max_gpus.get(job.user)
+        user_held = self.user_held[(job.team, job.user)]
+        if user_cap is not None and user_held + job.gpus > user_cap:
+            return (
+                "user_cap",
+                f"user {job.user} uses {user_held} of the {user_cap} GPUs allowed in team {job.team}",
+            )
+        held = self.team_held[job.team]
+        quota_room_needed = max(0, held + job.gpus - quota.max_gpus)
+        within_quota = quota_room_needed == 0
+        may_borrow = (
+            config.borrowing
+            and quota.may_borrow
+            and job.preemptible
+            and job.preemption_count < config.max_preemptions_per_job
+        )
+        if within_quota or may_borrow:
+            chosen = self._choose(job, remaining)
+            if chosen is not None:
+                self._commit(job, chosen, not within_quota, remaining)
+                return None
+        if self._try_preempt(job, score, remaining, within_quota, quota_room_needed):
+            return None
+        if not within_quota:
+            if may_borrow:
+                return "borrow", (
+                    f"team {job.team} uses {held} of its {quota.max_gpus} GPUs; waiting for idle GPUs to borrow"
+                )
+            return "quota", f"team {job.team} uses {held} of its {quota.max_gpus} GPUs (quota)"
+        if self.reservation is None and config.backfill:
+            self.reservation = self._reserve(job)
+            if self.reservation is not None:
+                return "reserved", (
+                    f"next to start: {job.gpus} GPUs{_type_label(job.gpu_type)} reserved for it as running jobs end"
+                )
+        ahead = sum(n for prio, n in higher_class_waiting.items() if prio > int(job.priority))
+        if ahead:
+            return "priority", f"behind {ahead} higher-priority jobs waiting for GPUs"
+        free_now = self.free.count(job.gpu_type)
+        head = self.reservation
+        if (
+            head is not None
+            and head.held
+            and free_now + len(head.held) >= job.gpus
+            and self._fits_with(head.held, job)
+        ):
+            return "backfill", (
+                f"the free GPUs are reserved for job {head.job_id}, due to start in "
+                f"{_fmt_hours(head.start - self.now)}; this job would not end before then (backfill)"
+            )
+        if free_now >= job.gpus:
+            return "gang", (
+                f"gang of {job.gpus} GPUs{_type_label(job.gpu_type)} does not fit: {free_now} free, "
+                f"at most {self.free.largest_block(job.gpu_type)} on one host"
+            )
+        return "waiting", (
+            f"waiting for {job.gpus} GPUs{_type_label(job.gpu_type)} ({free_now} free now); "
+            f"jobs ahead are predicted to finish sooner or have higher priority"
+        )
+
+    def _fits_with(self, extra: set[int], job: PendingJob) -> bool:
+        self.free.give(extra)
+        fits = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None
+        self.free.take(extra)
+        return fits
+
+    def _explain(self, waiting: list[tuple[PendingJob, float, str, str]]) -> None:
+        capacity = dict(self.schedulable_total)
+        free_by_type = {t: self.free.totals.get(t, 0) for t in capacity}
+        if self.reservation is not None:
+            for gpu_id in self.reservation.held:
+                gpu_type = self.free.location[gpu_id][1]
+                free_by_type[gpu_type] = free_by_type.get(gpu_type, 0) + 1
+        releases: list[tuple[float, str, int]] = []
+        running = [(self.now + s.remaining_s, s.job.gpu_ids) for s in self.states if not s.stopped]
+        for end, gpu_ids in running + self.placed_ends:
+            counts: dict[str, int] = defaultdict(int)
+            for gpu_id in gpu_ids:
+                where = self.free.location.get(gpu_id)
+                if where is not None:
+                    counts[where[1]] += 1
+            releases.extend((end, gpu_type, n) for gpu_type, n in counts.items())
+        queue = [
+            QueuedDemand(
+                job.job_id,
+                job.gpus,
+                job.gpu_type,
+                remaining,
+                self.reservation.start
+                if self.reservation is not None and job.job_id == self.reservation.job_id
+                else None,
+            )
+            for job, remaining, code, _ in waiting
+            if code not in ("quota", "user_cap", "no_gpu_type", "too_large")
+        ]
+        starts = estimate_starts(self.now, free_by_type, capacity, releases, queue)
+        for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
+            self.pending[job.job_id] = PendingInfo(
+                reason, position, starts.get(job.job_id), code, predicted_runtime_s=remaining
+            )
+
+    def _wake_at(self) -> float | None:
+        if not self.snapshot.pending or not (self.config.priority_preemption or self.config.srpt_preemption):
+            return None
+        later = [
+            s.job.started_at + self.config.min_run_before_preempt_s
+            for s in self.states
+            if not s.stopped
+            and s.job.preemption_count < self.config.max_preemptions_per_job
+            and s.job.started_at + self.config.min_run_before_preempt_s > self.now
+        ]
+        return min(later, default=None)
+
+
+def schedule_console(snapshot: Snapshot, config: PolicyConfig) -> Decisions:
+    return ConsolePass(snapshot, config).run()
