@@ -1,0 +1,91 @@
+"""Summary figures of a simulation, computed as the published simulators do where they define them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from apps.scheduling.simulation import SimResult
+
+HOUR = 3600.0
+
+
+def quantile_as_published(values: list[float], q: float) -> float:
+    """The sorted values at index int(q x n), as in the Muri simulator's p99."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(frozen=True)
+class TeamFigures:
+    gpu_share: float
+    # Finish-time fairness (Themis): mean over the team's jobs of JCT / the JCT it would have with its share
+    # of the cluster to itself (run time, stretched when the job is wider than that share).
+    finish_time_fairness: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    policy: str
+    jobs: int
+    avg_jct_h: float
+    p50_jct_h: float
+    p99_jct_h: float
+    makespan_h: float
+    mean_queueing_delay_h: float
+    gpu_utilization: float
+    preemptions: int
+    migrations: int
+    passes: int
+    teams: dict[str, TeamFigures] = field(default_factory=dict)
+    worst_finish_time_fairness: float | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def summarize(result: SimResult) -> Summary:
+    done = [s for s in result.jobs if s.finish is not None]
+    jcts = [s.finish - s.trace.submit_s for s in done]  # type: ignore[operator]
+    first_submit = min(s.trace.submit_s for s in result.jobs)
+    makespan = max(s.finish for s in done) - first_submit  # type: ignore[type-var]
+    delays = [s.first_start - s.trace.submit_s for s in done]  # type: ignore[operator]
+    teams = _team_figures(result, done)
+    return Summary(
+        policy=result.policy,
+        jobs=len(done),
+        avg_jct_h=sum(jcts) / len(jcts) / HOUR,
+        p50_jct_h=quantile_as_published(jcts, 0.5) / HOUR,
+        p99_jct_h=quantile_as_published(jcts, 0.99) / HOUR,
+        makespan_h=makespan / HOUR,
+        mean_queueing_delay_h=sum(delays) / len(delays) / HOUR,
+        gpu_utilization=result.busy_gpu_s / (result.gpus * makespan) if makespan > 0 else 0.0,
+        preemptions=result.preemptions,
+        migrations=result.migrations,
+        passes=result.passes,
+        teams=teams,
+        worst_finish_time_fairness=max((t.finish_time_fairness for t in teams.values()), default=None),
+    )
+
+
+def _team_figures(result: SimResult, done: list) -> dict[str, TeamFigures]:
+    names = sorted({s.trace.team for s in result.jobs})
+    if len(names) < 2:
+        return {}
+    total_share = sum(result.teams[t].share for t in names if t in result.teams) or 1.0
+    total_gpu_s = sum(s.attained_gpu_s for s in result.jobs) or 1.0
+    figures = {}
+    for team in names:
+        share = (result.teams[team].share if team in result.teams else 0.0) / total_share
+        own_gpus = max(1.0, share * result.gpus)
+        ratios = []
+        for s in done:
+            if s.trace.team != team:
+                continue
+            ideal = s.trace.duration_s * max(1.0, s.trace.gpus / own_gpus)
+            if ideal > 0:
+                ratios.append((s.finish - s.trace.submit_s) / ideal)
+        figures[team] = TeamFigures(
+            gpu_share=sum(s.attained_gpu_s for s in result.jobs if s.trace.team == team) / total_gpu_s,
+            finish_time_fairness=sum(ratios) / len(ratios) if ratios else 0.0,
+        )
+    return figures

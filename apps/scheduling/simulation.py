@@ -1,0 +1,286 @@
+"""Event-driven simulation of a trace on a cluster, calling a policy at every arrival, completion and wake-up.
+
+Simulated time jumps from event to event; a pass sees a Snapshot built incrementally (waiting jobs are cached
+and rebuilt only when they change). A job that restarts after a preemption first spends `preempt_cost_s` making
+no progress (checkpoint reload), then runs its remaining time; a job's GPU-seconds count as busy from start.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from apps.scheduling.config import PolicyConfig
+from apps.scheduling.prediction import FinishedRun, RuntimeHistory
+from apps.scheduling.trace import TraceJob
+from apps.scheduling.types import Decisions, HostView, PendingJob, RunningJob, Snapshot, TeamQuotaView
+
+# At most this many passes at one instant (a pass that preempted asks for another to fill the freed GPUs).
+PASSES_PER_INSTANT = 3
+EPSILON_S = 1e-6
+
+
+class Policy:
+    """What the simulator calls: the core's `schedule` with a config, or a baseline with `decide`."""
+
+    def decide(self, snapshot: Snapshot) -> Decisions:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass
+class JobState:
+    trace: TraceJob
+    remaining_s: float
+    attained_gpu_s: float = 0.0
+    preemptions: int = 0
+    first_start: float | None = None
+    finish: float | None = None
+    run_start: float = 0.0
+    # Time of the current run spent reloading before progress resumes.
+    run_overhead_s: float = 0.0
+    end_token: int = 0
+
+
+@dataclass
+class TeamUsage:
+    """Decayed GPU-second usage, updated at each pass (as Slurm's fair-share decays its usage)."""
+
+    half_life_s: float
+    value: float = 0.0
+    users: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: list[JobState]
+    gpus: int
+    busy_gpu_s: float
+    preemptions: int
+    migrations: int
+    passes: int
+    teams: dict[str, TeamQuotaView]
+
+
+class Simulator:
+    def __init__(
+        self,
+        jobs: list[TraceJob],
+        hosts: tuple[HostView, ...],
+        decide: Callable[[Snapshot], Decisions],
+        quotas: dict[str, TeamQuotaView],
+        preempt_cost_s: float = 0.0,
+        config: PolicyConfig | None = None,
+        console_view: bool = True,
+    ) -> None:
+        self.jobs = {job.job_id: JobState(job, job.duration_s) for job in jobs}
+        self.arrivals = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+        self.hosts = hosts
+        self.gpus = sum(len(h.gpus) for h in hosts)
+        self.decide = decide
+        self.base_quotas = quotas
+        self.preempt_cost_s = preempt_cost_s
+        self.half_life_s = (config or PolicyConfig()).usage_half_life_s
+        # What the console would know: declared steps, and step time once a job has run.
+        self.console_view = console_view
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, RunningJob] = {}
+        self.history = RuntimeHistory()
+        self.ends: list[tuple[float, int, int]] = []
+        self.usage = {team: TeamUsage(self.half_life_s) for team in quotas}
+        self.usage_clock = 0.0
+        self.busy_gpu_s = 0.0
+        self.preemption_count = 0
+        self.migration_count = 0
+        self.passes = 0
+
+    # -- oracle access for baseline policies ---------------------------------------------------------------
+    def true_remaining(self, job_id: int) -> tuple[float, float]:
+        state = self.jobs[job_id]
+        if job_id in self.running:
+            progress = max(0.0, self.now - state.run_start - state.run_overhead_s)
+            return max(0.0, state.remaining_s - progress), state.trace.duration_s
+        return state.remaining_s, state.trace.duration_s
+
+    # -- snapshot ---------------------------------------------------------------------------------------------
+    def _pending_view(self, state: JobState) -> PendingJob:
+        trace = state.trace
+        started = state.first_start is not None
+        steps_done = 0
+        if trace.iterations and trace.duration_s > 0:
+            steps_done = int(trace.iterations * (1.0 - state.remaining_s / trace.duration_s))
+        return PendingJob(
+            job_id=trace.job_id,
+            team=trace.team,
+            user=trace.user,
+            gpus=trace.gpus,
+            priority=trace.priority,
+            submitted_at=trace.submit_s,
+            attained_gpu_seconds=state.attained_gpu_s,
+            declared_steps=trace.iterations if self.console_view else None,
+            steps_done=steps_done,
+            observed_step_s=trace.step_s if started and self.console_view else None,
+            preemption_count=state.preemptions,
+            similarity_key=trace.model,
+        )
+
+    def _running_view(self, state: JobState, gpu_ids: tuple[int, ...], borrowing: bool) -> RunningJob:
+        view = self._pending_view(state)
+        return RunningJob(
+            job_id=view.job_id,
+            team=view.team,
+            user=view.user,
+            gpus=view.gpus,
+            priority=view.priority,
+            gpu_ids=gpu_ids,
+            started_at=state.run_start,
+            submitted_at=view.submitted_at,
+            attained_gpu_seconds=state.attained_gpu_s,
+            declared_steps=view.declared_steps,
+            steps_done=view.steps_done,
+            observed_step_s=state.trace.step_s if self.console_view else None,
+            preemption_count=state.preemptions,
+            borrowing=borrowing,
+            similarity_key=view.similarity_key,
+            steps_reported_at=state.run_start + state.run_overhead_s,
+        )
+
+    def _quotas(self) -> dict[str, TeamQuotaView]:
+        if len(self.base_quotas) <= 1:
+            return self.base_quotas
+        elapsed = self.now - self.usage_clock
+        decay = 0.5 ** (elapsed / self.half_life_s) if self.half_life_s > 0 else 0.0
+        held: dict[str, dict[str, int]] = {}
+        for job in self.running.values():
+            held.setdefault(job.team, {}).setdefault(job.user, 0)
+            held[job.team][job.user] += job.gpus
+        for team, usage in self.usage.items():
+            usage.value *= decay
+            for user in usage.users:
+                usage.users[user] *= decay
+            for user, gpus in held.get(team, {}).items():
+                usage.value += gpus * elapsed
+                usage.users[user] = usage.users.get(user, 0.0) + gpus * elapsed
+        self.usage_clock = self.now
+        return {
+            team: TeamQuotaView(
+                team,
+                quota.max_gpus,
+                quota.user_max_gpus,
+                quota.share,
+                self.usage[team].value,
+                quota.may_borrow,
+                quota.user_shares,
+                dict(self.usage[team].users),
+            )
+            for team, quota in self.base_quotas.items()
+        }
+
+    # -- events -----------------------------------------------------------------------------------------------
+    def _finish(self, job_id: int) -> None:
+        state = self.jobs[job_id]
+        running = self.running.pop(job_id)
+        self.busy_gpu_s += (self.now - state.run_start) * running.gpus
+        state.attained_gpu_s += (self.now - state.run_start) * running.gpus
+        state.remaining_s = 0.0
+        state.finish = self.now
+        trace = state.trace
+        self.history.record(trace.user, trace.model, FinishedRun(trace.gpus, trace.duration_s, trace.step_s))
+
+    def _stop(self, job_id: int) -> None:
+        state = self.jobs[job_id]
+        running = self.running.pop(job_id)
+        ran = self.now - state.run_start
+        self.busy_gpu_s += ran * running.gpus
+        state.attained_gpu_s += ran * running.gpus
+        state.remaining_s = max(0.0, state.remaining_s - max(0.0, ran - state.run_overhead_s))
+        state.preemptions += 1
+        state.end_token += 1
+        self.pending[job_id] = self._pending_view(state)
+
+    def _start(self, job_id: int, gpu_ids: tuple[int, ...], borrowing: bool) -> None:
+        state = self.jobs[job_id]
+        del self.pending[job_id]
+        if state.first_start is None:
+            state.first_start = self.now
+        state.run_start = self.now
+        state.run_overhead_s = self.preempt_cost_s if state.preemptions else 0.0
+        state.end_token += 1
+        self.running[job_id] = self._running_view(state, gpu_ids, borrowing)
+        end = self.now + state.run_overhead_s + state.remaining_s
+        heapq.heappush(self.ends, (end, job_id, state.end_token))
+
+    def _apply(self, decisions: Decisions) -> None:
+        stopped = set()
+        for preemption in decisions.preemptions:
+            if preemption.job_id in self.running:
+                self._stop(preemption.job_id)
+                stopped.add(preemption.job_id)
+        busy = {g for job in self.running.values() for g in job.gpu_ids}
+        for placement in decisions.placements:
+            if placement.job_id not in self.pending:
+                raise RuntimeError(f"policy placed job {placement.job_id}, which is not waiting")
+            if (
+                busy.intersection(placement.gpu_ids)
+                or len(placement.gpu_ids) != self.jobs[placement.job_id].trace.gpus
+            ):
+                raise RuntimeError(f"policy placed job {placement.job_id} on busy or too few GPUs")
+            busy.update(placement.gpu_ids)
+            if placement.job_id in stopped:
+                self.migration_count += 1
+                self.preemption_count -= 1
+            self._start(placement.job_id, placement.gpu_ids, placement.borrowing)
+        self.preemption_count += len(stopped)
+
+    def run(self, name: str) -> SimResult:
+        self.now = 0.0
+        next_arrival = 0
+        wake_at: float | None = None
+        while next_arrival < len(self.arrivals) or self.running or self.pending:
+            while self.ends and self.ends[0][2] != self.jobs[self.ends[0][1]].end_token:
+                heapq.heappop(self.ends)
+            candidates = []
+            if next_arrival < len(self.arrivals):
+                candidates.append(self.arrivals[next_arrival].submit_s)
+            if self.ends:
+                candidates.append(self.ends[0][0])
+            if wake_at is not None and wake_at > self.now + EPSILON_S:
+                candidates.append(wake_at)
+            if not candidates:
+                raise RuntimeError(f"{name}: {len(self.pending)} jobs can never run on this cluster")
+            self.now = max(self.now, min(candidates))
+            while self.ends and self.ends[0][0] <= self.now + EPSILON_S:
+                _, job_id, token = heapq.heappop(self.ends)
+                if token == self.jobs[job_id].end_token and job_id in self.running:
+                    self._finish(job_id)
+            while next_arrival < len(self.arrivals) and self.arrivals[next_arrival].submit_s <= self.now:
+                state = self.jobs[self.arrivals[next_arrival].job_id]
+                self.pending[state.trace.job_id] = self._pending_view(state)
+                next_arrival += 1
+            wake_at = None
+            for _ in range(PASSES_PER_INSTANT):
+                snapshot = Snapshot(
+                    now=self.now,
+                    hosts=self.hosts,
+                    pending=tuple(self.pending.values()),
+                    running=tuple(self.running.values()),
+                    quotas=self._quotas(),
+                    history=self.history,
+                )
+                decisions = self.decide(snapshot)
+                self.passes += 1
+                self._apply(decisions)
+                wake_at = decisions.wake_at
+                if wake_at is None or wake_at > self.now + EPSILON_S or not self.pending:
+                    break
+        return SimResult(
+            name,
+            list(self.jobs.values()),
+            self.gpus,
+            self.busy_gpu_s,
+            self.preemption_count,
+            self.migration_count,
+            self.passes,
+            self._quotas(),
+        )

@@ -1,0 +1,90 @@
+"""Reading job traces (Muri / Philly-derived and Tiresias formats) and cluster shapes for the simulator."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from apps.scheduling.types import GpuView, HostView, Priority
+
+# The published Muri simulator runs each job for iterations x iteration_time, slowed by 1.5%.
+MURI_ITERATION_SLOWDOWN = 1.015
+RUNTIME_MODELS = ("duration", "muri")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    job_id: int
+    gpus: int
+    submit_s: float
+    # The true run time the simulator enforces; only oracle policies may read it.
+    duration_s: float
+    model: str
+    iterations: int | None = None
+    # Step time a running job reports (what the console may observe once the job has started).
+    step_s: float | None = None
+    team: str = "default"
+    user: str = "user"
+    priority: Priority = Priority.NORMAL
+
+
+def load_trace(path: str | Path, trace_format: str, runtime_model: str = "duration") -> list[TraceJob]:
+    """`duration`: run time is the trace's duration column. `muri`: iterations x iteration_time x 1.015, the
+    model of the published Muri simulator (used to reproduce its figures)."""
+    if runtime_model not in RUNTIME_MODELS:
+        raise ValueError(f"unknown runtime model {runtime_model!r}")
+    scale = {"muri": 1000.0, "tiresias": 1.0}.get(trace_format)
+    if scale is None:
+        raise ValueError(f"unknown trace format {trace_format!r}; expected muri or tiresias")
+    jobs = []
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            iterations = int(row["iterations"]) if row.get("iterations") else None
+            duration = float(row["duration"]) / scale
+            if row.get("iteration_time"):
+                step = float(row["iteration_time"]) / scale
+            elif iterations:
+                step = duration / iterations
+            else:
+                step = None
+            if runtime_model == "muri" and iterations and step:
+                step *= MURI_ITERATION_SLOWDOWN
+                duration = iterations * step
+            priority = (
+                Priority.from_name(row["priority_class"]) if row.get("priority_class") else Priority.NORMAL
+            )
+            jobs.append(
+                TraceJob(
+                    job_id=int(row["job_id"]),
+                    gpus=int(row["num_gpu"]),
+                    submit_s=float(row["submit_time"]) / scale,
+                    duration_s=duration,
+                    model=row.get("model_name") or "unknown",
+                    iterations=iterations,
+                    step_s=step,
+                    team=row.get("team") or "default",
+                    user=row.get("user") or "user",
+                    priority=priority,
+                )
+            )
+    jobs.sort(key=lambda j: (j.submit_s, j.job_id))
+    return jobs
+
+
+def parse_cluster(spec: str) -> tuple[int, int]:
+    """'8x8' -> (8 hosts, 8 GPUs each)."""
+    hosts, _, per_host = spec.lower().partition("x")
+    if not hosts.isdigit() or not per_host.isdigit():
+        raise ValueError(f"cluster must look like HOSTSxGPUS (e.g. 8x8), not {spec!r}")
+    return int(hosts), int(per_host)
+
+
+def build_hosts(num_hosts: int, gpus_per_host: int, gpu_type: str = "gpu") -> tuple[HostView, ...]:
+    return tuple(
+        HostView(
+            f"node{h:03d}",
+            tuple(GpuView(h * gpus_per_host + i, i, gpu_type) for i in range(gpus_per_host)),
+        )
+        for h in range(num_hosts)
+    )
