@@ -92,6 +92,10 @@ _COMMON_TRAIN = {
     "batch_size": Param("int", 64, "samples per step (per process)", min=1, max=65_536),
     "lr": Param("float", 1e-3, "learning rate", min=0.0, max=10.0),
     "seed": Param("int", 0, "random seed", min=0, max=2**31 - 1),
+    "checkpoint": Param("str", "", "model file to start from: the weights to serve (inference), the initial "
+                        "weights (training) or the teacher (distill); default: none, or $CONSOLE_MODEL_PATH"),
+    "infer_passes": Param("int", 3, "inference: passes over the input set (every batch is timed)",
+                          min=1, max=1000),
 }
 
 WORKLOADS: dict[str, Workload] = {
@@ -99,7 +103,8 @@ WORKLOADS: dict[str, Workload] = {
     for workload in [
         Workload("mlp-digits", ("train", "inference"),
                  "A multilayer perceptron classifying scikit-learn's shipped 8x8 handwritten digits.",
-                 {**_COMMON_TRAIN, "hidden": Param("int", 256, "hidden width", min=1, max=65_536)}),
+                 {**_COMMON_TRAIN, "hidden": Param("int", 256, "hidden width", min=1, max=65_536),
+                  "depth": Param("int", 2, "hidden layers", min=1, max=256)}),
         Workload("cnn-digits", ("train", "inference"),
                  "A small convolutional network classifying scikit-learn's shipped digits (upsampled to 32x32).",
                  {**_COMMON_TRAIN, "channels": Param("int", 32, "channels of the first conv layer", min=1, max=4096)}),
@@ -108,6 +113,7 @@ WORKLOADS: dict[str, Workload] = {
                  {**_COMMON_TRAIN,
                   "layers": Param("int", 2, "transformer layers", min=1, max=96),
                   "d_model": Param("int", 128, "model width", min=8, max=16_384),
+                  "heads": Param("int", 4, "attention heads (reduced until they divide d_model)", min=1, max=256),
                   "seq_len": Param("int", 64, "context length", min=8, max=8192)}),
     ]
 }

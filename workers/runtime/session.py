@@ -114,6 +114,7 @@ class Session:
         self._warm_start: tuple[float, int, int] | None = None
         self._input_dtype: torch.dtype | None = None
         self._latency = LatencyStats()
+        self._compiled_shapes: set[tuple[int, ...] | None] = set()
         self._rss_at_start = _rss_bytes()
         self._stop_requested = False
         self._previous_handler: Any = None
@@ -273,17 +274,19 @@ class Session:
         Starts where a resumed checkpoint left off and stops after CONSOLE_MAX_STEPS optimizer steps.
         """
         self._planned_steps = epochs * math.ceil(len(loader) / self.accumulation)
+        return self._iterate(loader, epochs)
+
+    def _iterate(self, loader: DataLoader, epochs: int) -> Iterator[Any]:
         sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
         while self.epoch < epochs and not self.should_stop:
-            skip = self._batch_in_epoch
+            position = self._batch_in_epoch
+            skip = 0
             if sampler is not None:
                 sampler.set_epoch(self.epoch)
             if isinstance(sampler, ResumableSampler):
-                sampler.start_index = skip * (loader.batch_size or 1)
-                position = skip
-                skip = 0
+                sampler.start_index = position * (loader.batch_size or 1)
             else:
-                position = 0
+                skip, position = position, 0  # no resumable sampler: read and drop the consumed batches
             for batch in loader:
                 position += 1
                 if position <= skip:
@@ -314,6 +317,15 @@ class Session:
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The preset's autocast on its own (for evaluation code)."""
         return self.precision.autocast_context()
+
+    def eval_forward(self, model: nn.Module, inputs: Any) -> Any:
+        """A forward pass for evaluation code: bypasses DDP (no collectives) and torch.compile (no
+        recompilation for eval mode); FSDP2 models run as they are, since every rank holds only a shard."""
+        if self.module is not None and self._distributed_mode != "fsdp2":
+            if self.settings.get("compile"):
+                return self.module.forward(inputs)
+            return self.module(inputs)
+        return model(inputs)
 
     def distill_loss(self, loss: torch.Tensor, student_logits: torch.Tensor, inputs: Any) -> torch.Tensor:
         """Under the distill preset, mix `loss` with the KL divergence to the teacher's softened logits;
@@ -470,15 +482,23 @@ class Session:
         return model
 
     def infer(self, model: nn.Module, loader: Any, *, warmup_batches: int = 1) -> Iterator[tuple[Any, Any]]:
-        """Run `model` on every batch of `loader`, yielding (batch, output); each forward pass is timed
-        (the first `warmup_batches` are not counted in the latency statistics)."""
+        """Run `model` on every batch of `loader`, yielding (batch, output); each forward pass is timed.
+
+        The first `warmup_batches` are left out of the latency statistics, and so is, under torch.compile,
+        the first batch of each new input shape (it includes a compilation).
+        """
+        compiled = bool(self.settings.get("compile"))
         for index, batch in enumerate(loader):
             batch = self.to_device(batch)
+            inputs = ops.inputs_of(batch)
+            shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else None
+            new_shape = compiled and shape not in self._compiled_shapes
+            self._compiled_shapes.add(shape)
             with torch.inference_mode():
                 timer = Timer(self.device)
                 with timer:
-                    output = model(ops.inputs_of(batch))
-            if index < warmup_batches:
+                    output = model(inputs)
+            if index < warmup_batches or new_shape:
                 self._latency.warmup_batches += 1
             else:
                 self._latency.add(timer.seconds, ops.batch_size_of(batch))

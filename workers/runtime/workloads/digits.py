@@ -1,0 +1,92 @@
+"""mlp-digits and cnn-digits: scikit-learn's shipped 8x8 handwritten digits (no download)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from .base import BuiltinWorkload
+
+EVAL_FRACTION = 0.2
+
+
+@lru_cache(maxsize=1)
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    return (data.images / 16.0).astype(np.float32), data.target.astype(np.int64)
+
+
+def _split(images: torch.Tensor, labels: torch.Tensor) -> tuple[Dataset, Dataset]:
+    # A fixed permutation, so every run (and every process) sees the same split.
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
+    cut = int(len(labels) * (1 - EVAL_FRACTION))
+    train, held_out = order[:cut], order[cut:]
+    return TensorDataset(images[train], labels[train]), TensorDataset(images[held_out], labels[held_out])
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, depth: int, inputs: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        widths = [inputs] + [hidden] * depth
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(widths[:-1], widths[1:], strict=True))
+        self.head = nn.Linear(widths[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class CNN(nn.Module):
+    def __init__(self, channels: int, classes: int = 10) -> None:
+        super().__init__()
+        widths = [1, channels, channels * 2, channels * 4]
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(), nn.MaxPool2d(2))
+            for a, b in zip(widths[:-1], widths[1:], strict=True))
+        self.head = nn.Linear(widths[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+class MLPDigits(BuiltinWorkload):
+    name = "mlp-digits"
+    arch_keys = ("hidden", "depth")
+    width_key = "hidden"
+
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+        images, labels = _digits()
+        return _split(torch.from_numpy(images).flatten(1), torch.from_numpy(labels))
+
+    def build_model(self, arch: dict[str, Any]) -> nn.Module:
+        return MLP(hidden=int(arch["hidden"]), depth=int(arch.get("depth", 2)))
+
+
+class CNNDigits(BuiltinWorkload):
+    name = "cnn-digits"
+    arch_keys = ("channels",)
+    width_key = "channels"
+    image_size = 32
+
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+        images, labels = _digits()
+        # Upsampled once, up front: 8x8 is too small for three conv+pool stages.
+        upsampled = F.interpolate(torch.from_numpy(images).unsqueeze(1), size=self.image_size, mode="bilinear",
+                                  align_corners=False)
+        return _split(upsampled.contiguous(), torch.from_numpy(labels))
+
+    def build_model(self, arch: dict[str, Any]) -> nn.Module:
+        return CNN(channels=int(arch["channels"]))
