@@ -34,7 +34,7 @@ class PolicyConfig:
     # divided by an aging boost (1 + wait / aging_s) so that long jobs cannot starve. "fair-share": the penalties
     # alone (over the aging boost). "fifo": submit time.
     ordering: str = "shortest-remaining"
-    aging_s: float = 2 * DAY
+    aging_s: float = 10 * DAY
     # Fair share: penalty = 2 ** (weight * usage fraction / share fraction), per team and per user in a team.
     fair_share_weight: float = 1.0
     # Half-life of usage decay (the console decays its own usage records; the simulator uses this).

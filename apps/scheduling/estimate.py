@@ -8,17 +8,9 @@ and fragmentation, so it is an estimate, computed in O(n log n) for the whole qu
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
-class QueuedDemand:
-    job_id: int
-    gpus: int
-    gpu_type: str | None
-    runtime_s: float
-    # Known start (the head's reservation): the replay uses it instead of its own.
-    fixed_start: float | None = None
+# (job id, gpus, gpu type or None, predicted run time, known start or None): the head's reservation is known.
+QueuedDemand = tuple[int, int, str | None, float, float | None]
 
 
 def estimate_starts(
@@ -39,22 +31,23 @@ def estimate_starts(
     # Untyped jobs are counted on the type with the most GPUs (a simplification of "any type").
     default_type = max(capacity_by_type, key=lambda t: (capacity_by_type[t], t), default=None)
     starts: dict[int, float | None] = {}
-    for demand in queue:
-        gpu_type = demand.gpu_type or default_type
-        if gpu_type is None or gpu_type not in heaps or demand.gpus > capacity_by_type[gpu_type]:
-            starts[demand.job_id] = None
+    for job_id, needed, wanted_type, runtime_s, fixed_start in queue:
+        gpu_type = wanted_type or default_type
+        if gpu_type is None or gpu_type not in heaps or needed > capacity_by_type[gpu_type]:
+            starts[job_id] = None
             continue
         heap = heaps[gpu_type]
-        while available[gpu_type] < demand.gpus and heap:
+        while available[gpu_type] < needed and heap:
             at, gpus = heapq.heappop(heap)
             available[gpu_type] += gpus
-            clock[gpu_type] = max(clock[gpu_type], at)
-        if available[gpu_type] < demand.gpus:
-            starts[demand.job_id] = None
+            if at > clock[gpu_type]:
+                clock[gpu_type] = at
+        if available[gpu_type] < needed:
+            starts[job_id] = None
             continue
-        start = clock[gpu_type] if demand.fixed_start is None else max(demand.fixed_start, now)
+        start = clock[gpu_type] if fixed_start is None else max(fixed_start, now)
         clock[gpu_type] = max(clock[gpu_type], start)
-        available[gpu_type] -= demand.gpus
-        heapq.heappush(heap, (start + demand.runtime_s, demand.gpus))
-        starts[demand.job_id] = start
+        available[gpu_type] -= needed
+        heapq.heappush(heap, (start + runtime_s, needed))
+        starts[job_id] = start
     return starts

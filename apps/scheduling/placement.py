@@ -26,6 +26,8 @@ class FreeGpus:
         self.totals: dict[str, int] = {}
         # gpu id -> (host, type, index); every schedulable GPU, busy or not
         self.location: dict[int, tuple[str, str, int]] = {}
+        # Bumped whenever GPUs come back: a gang that did not fit cannot fit until then.
+        self.version = 0
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> FreeGpus:
@@ -99,6 +101,7 @@ class FreeGpus:
 
     def give(self, gpu_ids: Iterable[int]) -> None:
         """Return GPUs to the pool (ids that are not schedulable are ignored: they get no new jobs)."""
+        self.version += 1
         for gpu_id in gpu_ids:
             where = self.location.get(gpu_id)
             if where is None:
@@ -156,6 +159,8 @@ def choose_gpus(
     """
     if count <= 0:
         return ()
+    if (free.totals.get(gpu_type, 0) if gpu_type else max(free.totals.values(), default=0)) < count:
+        return None
     best: tuple[int, ...] | None = None
     best_hosts = 0
     for candidate in [gpu_type] if gpu_type else free.types():

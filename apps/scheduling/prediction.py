@@ -7,7 +7,7 @@ its prediction is assumed to need a while longer (a fraction of what it has run)
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
@@ -30,13 +30,11 @@ class RuntimeHistory:
     """Finished runs by (user, similarity key), fed by the caller (the console's job table, the simulator)."""
 
     def __init__(self) -> None:
-        self._runs: dict[tuple[str, str], deque[FinishedRun]] = defaultdict(
-            lambda: deque(maxlen=HISTORY_WINDOW)
-        )
+        self._runs: dict[tuple[str, str], deque[FinishedRun]] = {}
         self._cache: dict[tuple[str, str, int, str], float | None] = {}
 
     def record(self, user: str, similarity_key: str, run: FinishedRun) -> None:
-        self._runs[(user, similarity_key)].append(run)
+        self._runs.setdefault((user, similarity_key), deque(maxlen=HISTORY_WINDOW)).append(run)
         self._cache.clear()
 
     def step_s(self, user: str, similarity_key: str, gpus: int) -> float | None:
@@ -93,16 +91,20 @@ def predict_total_s(job: PendingJob | RunningJob, history: RuntimeHistory | None
 def predict_remaining_s(
     job: PendingJob | RunningJob, now: float, history: RuntimeHistory | None, default_s: float
 ) -> float:
-    elapsed = elapsed_run_s(job, now)
+    running = isinstance(job, RunningJob)
+    elapsed = job.attained_gpu_seconds / job.gpus if job.gpus else 0.0
+    if running:
+        elapsed += max(0.0, now - job.started_at)  # type: ignore[union-attr]
     step = job.observed_step_s
     if step is None and history is not None and job.similarity_key is not None:
         step = history.step_s(job.user, job.similarity_key, job.gpus)
     if job.declared_steps is not None and step:
-        remaining = (job.declared_steps - _steps_done(job, now, step)) * step
+        done = _steps_done(job, now, step) if running else job.steps_done
+        remaining = (job.declared_steps - done) * step
     else:
         remaining = predict_total_s(job, history, default_s) - elapsed
         if job.time_limit_s is not None:
             remaining = min(remaining, job.time_limit_s - elapsed)
     if remaining <= 0:
         return max(MIN_REMAINING_S, OVERRUN_FRACTION * elapsed)
-    return max(remaining, MIN_REMAINING_S)
+    return remaining if remaining > MIN_REMAINING_S else MIN_REMAINING_S

@@ -9,7 +9,8 @@ Victims are taken cheapest first: reclaimable borrowers, then lower classes, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, field
 
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.placement import FreeGpus
@@ -54,6 +55,68 @@ def victim_kind(
     ):
         return SHORTER
     return None
+
+
+@dataclass
+class VictimIndex:
+    """GPU counts of possible victims, to skip hopeless victim searches in O(log n) instead of scanning."""
+
+    borrowed_by_team: dict[str, int] = field(default_factory=dict)
+    borrowed_total: int = 0
+    # (team, priority) -> GPUs of stoppable jobs
+    by_class: dict[tuple[str, int], int] = field(default_factory=dict)
+    # (team, priority) -> ascending scores and, for each, the GPUs of jobs scoring at least that much
+    scores: dict[tuple[str, int], tuple[list[float], list[int]]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, states: list[RunState]) -> VictimIndex:
+        index = cls()
+        by_score: dict[tuple[str, int], list[tuple[float, int]]] = {}
+        for state in states:
+            job = state.job
+            if state.stopped:
+                continue
+            if job.borrowing:
+                index.borrowed_by_team[job.team] = index.borrowed_by_team.get(job.team, 0) + job.gpus
+                index.borrowed_total += job.gpus
+            if state.protected or not job.preemptible:
+                continue
+            key = (job.team, int(job.priority))
+            index.by_class[key] = index.by_class.get(key, 0) + job.gpus
+            by_score.setdefault(key, []).append((state.score, job.gpus))
+        for key, entries in by_score.items():
+            entries.sort()
+            suffix = [0] * len(entries)
+            total = 0
+            for i in range(len(entries) - 1, -1, -1):
+                total += entries[i][1]
+                suffix[i] = total
+            index.scores[key] = ([score for score, _ in entries], suffix)
+        return index
+
+    def remove(self, state: RunState) -> None:
+        """Forget a stopped victim (its score entry stays: the bound only needs to stay an upper bound)."""
+        job = state.job
+        if job.borrowing:
+            self.borrowed_by_team[job.team] -= job.gpus
+            self.borrowed_total -= job.gpus
+        key = (job.team, int(job.priority))
+        if key in self.by_class and not state.protected and job.preemptible:
+            self.by_class[key] -= job.gpus
+
+    def stoppable_gpus(
+        self, job: PendingJob, job_score: float, within_quota: bool, config: PolicyConfig
+    ) -> int:
+        """An upper bound on the GPUs that victims of `job` hold."""
+        total = self.borrowed_total - self.borrowed_by_team.get(job.team, 0) if within_quota else 0
+        priority = int(job.priority)
+        if config.priority_preemption:
+            total += sum(self.by_class.get((job.team, p), 0) for p in range(priority))
+        if config.srpt_preemption:
+            scores, suffix = self.scores.get((job.team, priority), ([], []))
+            first = bisect_right(scores, config.srpt_preempt_ratio * job_score)
+            total += suffix[first] if first < len(suffix) else 0
+        return total
 
 
 @dataclass(slots=True)

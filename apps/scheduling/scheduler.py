@@ -17,11 +17,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.estimate import QueuedDemand, estimate_starts
+from apps.scheduling.estimate import estimate_starts
 from apps.scheduling.ordering import FairShare, aging_boost
 from apps.scheduling.placement import FreeGpus, choose_gpus
 from apps.scheduling.prediction import predict_remaining_s
-from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, plan_preemption
+from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, VictimIndex, plan_preemption
 from apps.scheduling.types import (
     Decisions,
     PendingInfo,
@@ -37,6 +37,9 @@ PREEMPTION_REASONS = {
     PRIORITY: "stopped for higher-priority job {job} ({priority}) of team {other}",
     SHORTER: "stopped for job {job}, predicted to finish much sooner",
 }
+
+# Waiting for reasons that GPUs ending elsewhere do not change: no estimated start.
+NO_ESTIMATE = frozenset({"quota", "user_cap", "no_gpu_type", "too_large"})
 
 
 @dataclass(slots=True)
@@ -74,6 +77,11 @@ class ConsolePass:
         self.pending: dict[int, PendingInfo] = {}
         self.reservation: Reservation | None = None
         self.searches = 0
+        self.no_fit: dict[str | None, tuple[int, int]] = {}
+        self.widest_host: dict[str | None, int] = dict(self.free.host_capacity)
+        self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
+        self.capacity_reasons: dict[tuple[str | None, int], tuple[str, str] | None] = {}
+        self.victim_index = VictimIndex()
         # (predicted end, gpu ids) of jobs placed in this pass
         self.placed_ends: list[tuple[float, tuple[int, ...]]] = []
 
@@ -109,10 +117,21 @@ class ConsolePass:
             )
             self.states.append(RunState(job, remaining, self._score(job, remaining), protected, hosts))
         self.states.sort(key=RunState.victim_order)
+        self.victim_index = VictimIndex.build(self.states)
 
     # -- placement ----------------------------------------------------------------------------------------
     def _choose(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
-        chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+        # Most jobs of a long queue do not fit: remember the smallest gang that failed since GPUs last came back.
+        # (Only for single-host gangs when consolidating: a wider gang may fit across hosts where a narrower
+        # one found no host.)
+        monotone = not self.config.consolidate or job.gpus <= self.widest_host.get(job.gpu_type, 0)
+        failed = self.no_fit.get(job.gpu_type)
+        if monotone and failed is not None and failed[0] == self.free.version and job.gpus >= failed[1]:
+            chosen = None
+        else:
+            chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+            if chosen is None and monotone:
+                self.no_fit[job.gpu_type] = (self.free.version, job.gpus)
         reservation = self.reservation
         if chosen is not None or reservation is None or not reservation.held:
             return chosen
@@ -124,8 +143,7 @@ class ConsolePass:
         chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
         self.free.take(g for g in held if chosen is None or g not in chosen)
         if chosen is not None:
-            reservation.held.difference_update(chosen)
-            self.free.give(chosen)  # _commit takes them
+            reservation.held.difference_update(chosen)  # they stay in the pool: _commit takes them
         return chosen
 
     def _commit(self, job: PendingJob, gpu_ids: tuple[int, ...], borrowing: bool, remaining_s: float) -> None:
@@ -156,6 +174,9 @@ class ConsolePass:
     ) -> bool:
         if self.searches >= self.config.max_preemption_searches or not self.states:
             return False
+        stoppable = self.victim_index.stoppable_gpus(job, score, within_quota, self.config)
+        if stoppable == 0 or stoppable + self.free.count(job.gpu_type) < job.gpus:
+            return False
         self.searches += 1
         plan = plan_preemption(
             job, score, within_quota, quota_room_needed, self.states, self.free, self.config
@@ -180,6 +201,7 @@ class ConsolePass:
                 team=state.job.team, job=job.job_id, other=job.team, priority=job.priority.name.lower()
             )
             self.preemptions.append(Preemption(state.job.job_id, reason))
+            self.victim_index.remove(state)
         self._commit(job, chosen, False, remaining_s)
         return True
 
@@ -229,7 +251,7 @@ class ConsolePass:
             if code_reason is not None:
                 code, reason = code_reason
                 waiting.append((job, remaining, code, reason))
-                if code not in ("quota", "user_cap", "no_gpu_type", "too_large"):
+                if code not in NO_ESTIMATE:
                     higher_class_waiting[int(job.priority)] += 1
         self._explain(waiting)
         # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
@@ -248,7 +270,10 @@ class ConsolePass:
         quota = self.snapshot.quotas.get(job.team)
         if quota is None:
             return "quota", f"team {job.team} has no GPU quota"
-        capacity = self._capacity_reason(job)
+        capacity_key = (job.gpu_type, job.gpus)
+        if capacity_key not in self.capacity_reasons:
+            self.capacity_reasons[capacity_key] = self._capacity_reason(job)
+        capacity = self.capacity_reasons[capacity_key]
         if capacity is not None:
             return capacity
         user_cap = quota.user_max_gpus.get(job.user)
@@ -333,18 +358,12 @@ class ConsolePass:
                 if where is not None:
                     counts[where[1]] += 1
             releases.extend((end, gpu_type, n) for gpu_type, n in counts.items())
+        head_id = self.reservation.job_id if self.reservation is not None else None
+        head_start = self.reservation.start if self.reservation is not None else None
         queue = [
-            QueuedDemand(
-                job.job_id,
-                job.gpus,
-                job.gpu_type,
-                remaining,
-                self.reservation.start
-                if self.reservation is not None and job.job_id == self.reservation.job_id
-                else None,
-            )
+            (job.job_id, job.gpus, job.gpu_type, remaining, head_start if job.job_id == head_id else None)
             for job, remaining, code, _ in waiting
-            if code not in ("quota", "user_cap", "no_gpu_type", "too_large")
+            if code not in NO_ESTIMATE
         ]
         starts = estimate_starts(self.now, free_by_type, capacity, releases, queue)
         for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
