@@ -53,7 +53,7 @@ def users_visible_to(user: AnyUser) -> QuerySet:
         return User.objects.all().order_by("username")
     if not user.is_authenticated:
         return User.objects.none()
-    return User.objects.filter(pk=user.pk)
+    return User.objects.filter(pk=user.pk).order_by("username")
 
 
 def memberships_visible_to(user: AnyUser, team: Team) -> QuerySet[Membership]:

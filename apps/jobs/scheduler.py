@@ -7,12 +7,14 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from django.conf import settings
 from django.db.models import Prefetch
 
 from apps.cluster.models import GPU, Host
 from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation
 from apps.quotas.models import TeamQuota, UserQuota
+from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
 from apps.scheduling.types import (
     GpuView,
@@ -112,7 +114,7 @@ class PassResult:
 def scheduler_pass() -> PassResult:
     started = time.perf_counter()
     snapshot = build_snapshot()
-    decisions = schedule(snapshot)
+    decisions = schedule(snapshot, PolicyConfig(policy=settings.SCHEDULER_POLICY))
     placed = sum(1 for p in decisions.placements if services.job_place(p.job_id, p.gpu_ids))
     services.jobs_set_pending_info(
         {

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.accounts.models import Role, Team
+from apps.cluster.models import GPU
+from tests.factories import HostFactory, MembershipFactory, TeamFactory, UserFactory, add_gpus
+
+
+@dataclass
+class World:
+    """Two teams on a 16-GPU cluster and one user for every persona the permission tests need."""
+
+    vision: Team
+    nlp: Team
+    admin: object
+    manager: object
+    member: object
+    member2: object
+    viewer: object
+    other: object
+    noteam: object
+    gpus: list[GPU]
+
+    def persona(self, name: str):
+        return None if name == "anonymous" else getattr(self, name)
+
+
+@pytest.fixture
+def world(db) -> World:
+    vision = TeamFactory(slug="vision", quota__max_gpus=8)
+    nlp = TeamFactory(slug="nlp", quota__max_gpus=8)
+    admin = UserFactory(username="root-admin", is_staff=True, is_superuser=True)
+    manager, member, member2, viewer, other, noteam = (
+        UserFactory(username=name) for name in ("manny", "mia", "milo", "vic", "olga", "nobody")
+    )
+    MembershipFactory(team=vision, user=manager, role=Role.MANAGER)
+    MembershipFactory(team=vision, user=member, role=Role.MEMBER)
+    MembershipFactory(team=vision, user=member2, role=Role.MEMBER)
+    MembershipFactory(team=vision, user=viewer, role=Role.VIEWER)
+    MembershipFactory(team=nlp, user=other, role=Role.MEMBER)
+    gpus = add_gpus(HostFactory(name="node-a"), 8) + add_gpus(HostFactory(name="node-b"), 8)
+    return World(vision, nlp, admin, manager, member, member2, viewer, other, noteam, gpus)
+
+
+@pytest.fixture
+def client_for():
+    def make(user) -> APIClient:
+        client = APIClient()
+        if user is not None:
+            client.force_authenticate(user)
+        return client
+
+    return make
+
+
+def train_spec(**overrides) -> dict:
+    spec = {"name": "resnet", "team": "vision", "gpus": 1, "workload": {"builtin": "mlp-digits"}}
+    spec.update(overrides)
+    return spec
