@@ -188,6 +188,8 @@ def require_manager(request: Request, team: Team) -> None:
 class TeamMembersView(APIView):
     """Members of a team and their roles. Managers and admins add members or change roles."""
 
+    serializer_class = MembershipSerializer
+
     @extend_schema(responses=MembershipSerializer(many=True))
     def get(self, request: Request, slug: str) -> Response:
         team = visible_team(request, slug)
@@ -210,6 +212,7 @@ class TeamMembersView(APIView):
 
 
 class TeamMemberView(APIView):
+    serializer_class = MembershipSerializer
     def _membership(self, request: Request, slug: str, username: str) -> Membership:
         team = visible_team(request, slug)
         return get_object_or_404(selectors.memberships_visible_to(request.user, team), user__username=username)

@@ -15,8 +15,8 @@ import pytest
 from django.db import connection, connections
 from rest_framework.test import APIClient
 
-from apps.jobs import services
 from apps.cluster.models import GPU
+from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.scheduler import build_snapshot, scheduler_pass
 from apps.quotas.models import TeamQuota
