@@ -125,7 +125,7 @@ def train_teacher(rt: Session, workload: BuiltinWorkload, arch: dict[str, Any], 
         else:
             continue
         break
-    log.info("teacher trained for %d steps (last loss %.4f)", steps, float(loss))
+    log.info("teacher trained for %d steps (last loss %.4f)", steps, float(loss.detach()))
     if saved is not None and rt.is_main:
         ckpt.save_model_file(saved, teacher.state_dict(), {"workload": workload.name, "arch": arch})
     return teacher
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default=None, help="JSON object of workload params")
     parser.add_argument("--preset", default=None, help="overrides $CONSOLE_PRESET")
     args = parser.parse_args(argv)
+    session_mod.configure_logging(force=True)
     try:
         params = resolve_params(args.workload, args.params)
     except UsageError as exc:

@@ -591,12 +591,29 @@ class Session:
         self.close()
 
 
-def _configure_logging() -> None:
-    root = logging.getLogger()
-    if not root.handlers and not log.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever sys.stdout is at the time (job logs are collected from stdout)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def configure_logging(force: bool = False) -> None:
+    """Send the runtime's log lines to stdout: always with `force` (entry points), otherwise only when
+    the script configured no logging itself."""
+    if any(isinstance(h, _StdoutHandler) for h in log.handlers):
+        return
+    if force or not (logging.getLogger().handlers or log.handlers):
+        log.addHandler(_StdoutHandler())
         log.setLevel(logging.INFO)
 
 
@@ -604,7 +621,7 @@ def start(env: Mapping[str, str] | None = None, *, preset: str | None = None,
           settings: Mapping[str, Any] | None = None, install_signal_handler: bool = True) -> Session:
     """A session for this job: `env` defaults to os.environ; `preset` overrides CONSOLE_PRESET and
     `settings` overrides parts of the preset's settings (e.g. {"prune": {"sparsity": 0.8}})."""
-    _configure_logging()
+    configure_logging()
     runtime_env = RuntimeEnv.from_env(env)
     name = preset or runtime_env.preset
     if name not in PRESETS:

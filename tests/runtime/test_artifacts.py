@@ -1,0 +1,109 @@
+"""The artifact store: directory and S3-compatible implementations, path-traversal rejection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from workers.runtime.artifacts import (
+    LocalArtifactStore,
+    S3ArtifactStore,
+    artifact_store_from_url,
+    safe_relpath,
+)
+
+BAD_PATHS = ["../escape.txt", "a/../../escape.txt", "..", "/etc/passwd", "a\\..\\b", "C:/x", "", "a/\x00b", "./."]
+BAD_JOB_IDS = ["..", "../other", "a/b", "", "."]
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def exercise(store, tmp_path: Path) -> None:
+    src = write(tmp_path / "weights.bin", b"\x00\x01weights")
+    store.put("job-1", "model.pt", src)
+    store.put("job-1", "logs/train.log", write(tmp_path / "log.txt", b"step 1\n"))
+    store.put("job-2", "model.pt", write(tmp_path / "other.bin", b"other"))
+    assert store.list("job-1") == [("logs/train.log", 7), ("model.pt", 9)]
+    assert store.list("job-3") == []
+    with store.open("job-1", "model.pt") as fh:
+        assert fh.read() == b"\x00\x01weights"
+    dest = store.get_to("job-1", "logs/train.log", tmp_path / "down" / "train.log")
+    assert dest.read_bytes() == b"step 1\n"
+    with pytest.raises(FileNotFoundError):
+        store.open("job-1", "missing.pt")
+    with pytest.raises(FileNotFoundError):
+        store.get_to("job-1", "missing.pt", tmp_path / "down" / "missing.pt")
+    for bad in BAD_PATHS:
+        with pytest.raises(ValueError):
+            store.put("job-1", bad, src)
+        with pytest.raises(ValueError):
+            store.open("job-1", bad)
+        with pytest.raises(ValueError):
+            store.get_to("job-1", bad, tmp_path / "x")
+    for bad in BAD_JOB_IDS:
+        with pytest.raises(ValueError):
+            store.put(bad, "model.pt", src)
+        with pytest.raises(ValueError):
+            store.list(bad)
+
+
+def test_local_store(tmp_path) -> None:
+    root = tmp_path / "store"
+    exercise(LocalArtifactStore(root), tmp_path)
+    assert (root / "job-1" / "logs" / "train.log").exists()
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_local_store_rejects_symlinks_out_of_the_job(tmp_path) -> None:
+    store = LocalArtifactStore(tmp_path / "store")
+    store.put("job-1", "a.txt", write(tmp_path / "a.txt", b"a"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, tmp_path / "store" / "job-1" / "link")
+    with pytest.raises(ValueError, match="escapes"):
+        store.put("job-1", "link/evil.txt", tmp_path / "a.txt")
+    assert not (outside / "evil.txt").exists()
+
+
+def test_put_dir_uploads_an_output_directory(tmp_path) -> None:
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    write(out / "model.pt", b"m")
+    write(out / "sub" / "metrics.json", b"{}")
+    store = LocalArtifactStore(tmp_path / "store")
+    assert store.put_dir("job-1", out) == ["model.pt", "sub/metrics.json"]
+    assert [name for name, _ in store.list("job-1")] == ["model.pt", "sub/metrics.json"]
+
+
+def test_safe_relpath_normalises() -> None:
+    assert safe_relpath("./a//b/./c.txt") == "a/b/c.txt"
+
+
+def test_s3_store_with_moto(tmp_path, monkeypatch) -> None:
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    with moto.mock_aws():
+        boto3.client("s3").create_bucket(Bucket="artifacts")
+        store = artifact_store_from_url("s3://artifacts/console/prod")
+        assert isinstance(store, S3ArtifactStore)
+        exercise(store, tmp_path)
+        keys = sorted(o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="artifacts")["Contents"])
+        assert keys == ["console/prod/job-1/logs/train.log", "console/prod/job-1/model.pt",
+                        "console/prod/job-2/model.pt"]
+
+
+def test_factory(tmp_path) -> None:
+    assert isinstance(artifact_store_from_url(f"file://{tmp_path}"), LocalArtifactStore)
+    assert artifact_store_from_url(f"file://{tmp_path}/a%20b").root == (tmp_path / "a b").resolve()
+    assert isinstance(artifact_store_from_url(str(tmp_path)), LocalArtifactStore)
+    for bad in ("http://example.com/x", "s3:///no-bucket", "file://otherhost/x", "file://"):
+        with pytest.raises(ValueError):
+            artifact_store_from_url(bad)

@@ -1,0 +1,51 @@
+"""Environment parsing and the JSON-lines reporter."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.runtime.env import EnvError, RuntimeEnv
+from workers.runtime.reporting import Reporter, read_records
+
+from .helpers import run_python
+
+
+def test_env_defaults_and_values(tmp_path) -> None:
+    empty = RuntimeEnv.from_env({})
+    assert (empty.job_id, empty.preset, empty.max_steps, empty.progress_file) == ("local", "baseline-fp32", None, None)
+    assert (empty.rank, empty.world_size, empty.is_main, empty.is_distributed) == (0, 1, True, False)
+    env = RuntimeEnv.from_env({"CONSOLE_JOB_ID": "42", "CONSOLE_PRESET": "ddp", "CONSOLE_MAX_STEPS": "100",
+                               "CONSOLE_PROGRESS_FILE": str(tmp_path / "p.jsonl"), "RANK": "1", "WORLD_SIZE": "2",
+                               "CONSOLE_MODEL_PATH": "/models/m.pt"})
+    assert env.max_steps == 100 and env.progress_file == tmp_path / "p.jsonl"
+    assert env.rank == 1 and not env.is_main and env.is_distributed and env.model_path == Path("/models/m.pt")
+    with pytest.raises(EnvError, match="CONSOLE_MAX_STEPS"):
+        RuntimeEnv.from_env({"CONSOLE_MAX_STEPS": "lots"})
+
+
+def test_reporter_writes_json_lines(tmp_path) -> None:
+    path = tmp_path / "sub" / "progress.jsonl"
+    reporter = Reporter(path)
+    reporter.progress(step=1, max_steps=None, loss=torch.tensor(0.5), steps_per_s=2.0, samples_per_s=128.0)
+    reporter.checkpoint(path=tmp_path / "ck.pt", step=1)
+    reporter.result(final_loss=math.nan, accuracy=0.9)
+    progress, checkpoint, result = read_records(path)
+    assert progress["type"] == "progress" and progress["loss"] == 0.5 and progress["max_steps"] is None
+    assert {"ts", "step", "steps_per_s", "samples_per_s"} <= set(progress)
+    assert checkpoint == {**checkpoint, "type": "checkpoint", "path": str(tmp_path / "ck.pt"), "step": 1}
+    assert result["final_loss"] is None and result["accuracy"] == 0.9  # NaN is not JSON
+
+
+def test_only_rank_zero_reports(tmp_path) -> None:
+    path = tmp_path / "progress.jsonl"
+    Reporter(path, enabled=False).progress(step=1, max_steps=1, loss=1.0, steps_per_s=1.0, samples_per_s=1.0)
+    assert not path.exists()
+
+
+def test_catalog_import_stays_cheap() -> None:
+    done = run_python(["-c", "import sys, workers.runtime.catalog; print('torch' in sys.modules)"], {})
+    assert done.returncode == 0 and done.stdout.strip() == "False"
