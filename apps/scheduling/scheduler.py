@@ -83,7 +83,7 @@ class ConsolePass:
         self.capacity_reasons: dict[tuple[str | None, int], tuple[str, str] | None] = {}
         self.victim_index = VictimIndex()
         # (predicted end, gpu ids) of jobs placed in this pass
-        self.placed_ends: list[tuple[float, tuple[int, ...]]] = []
+        self.placed_ends: list[tuple[float, tuple[int, ...], str]] = []
 
     # -- scores -------------------------------------------------------------------------------------------
     def _remaining(self, job: PendingJob | RunningJob) -> float:
@@ -151,7 +151,7 @@ class ConsolePass:
         self.team_held[job.team] += job.gpus
         self.user_held[(job.team, job.user)] += job.gpus
         self.placements.append(Placement(job.job_id, gpu_ids, borrowing))
-        self.placed_ends.append((self.now + remaining_s, gpu_ids))
+        self.placed_ends.append((self.now + remaining_s, gpu_ids, job.team))
 
     def _release(self, gpu_ids: tuple[int, ...]) -> None:
         reservation = self.reservation
@@ -206,13 +206,19 @@ class ConsolePass:
         return True
 
     # -- reservation --------------------------------------------------------------------------------------
-    def _reserve(self, job: PendingJob) -> Reservation | None:
-        running = [(self.now + s.remaining_s, s.job.gpu_ids) for s in self.states if not s.stopped]
+    def _reserve(self, job: PendingJob, quota_room_needed: int) -> Reservation | None:
+        """GPUs for `job` at the earliest predicted time that they are free and its team is back under quota."""
+        running = [
+            (self.now + s.remaining_s, s.job.gpu_ids, s.job.team) for s in self.states if not s.stopped
+        ]
         timeline = sorted(running + self.placed_ends, key=lambda item: item[0])
         scratch = self.free.copy()
-        for end, gpu_ids in timeline:
+        team_freed = 0
+        for end, gpu_ids, team in timeline:
             scratch.give(gpu_ids)
-            if scratch.count(job.gpu_type) < job.gpus:
+            if team == job.team:
+                team_freed += len(gpu_ids)
+            if team_freed < quota_room_needed or scratch.count(job.gpu_type) < job.gpus:
                 continue
             chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
             if chosen is not None:
@@ -304,9 +310,15 @@ class ConsolePass:
                 return "borrow", (
                     f"team {job.team} uses {held} of its {quota.max_gpus} GPUs; waiting for idle GPUs to borrow"
                 )
-            return "quota", f"team {job.team} uses {held} of its {quota.max_gpus} GPUs (quota)"
-        if self.reservation is None and config.backfill:
-            self.reservation = self._reserve(job)
+            # The quota is what stops it only if the GPUs are there (a team alone on the cluster hits both).
+            if choose_gpus(self.free, job.gpus, job.gpu_type, config.consolidate) is not None:
+                return "quota", f"team {job.team} uses {held} of its {quota.max_gpus} GPUs (quota)"
+        if (
+            self.reservation is None
+            and config.backfill
+            and self.now - job.submitted_at >= config.reserve_after_wait_s
+        ):
+            self.reservation = self._reserve(job, quota_room_needed)
             if self.reservation is not None:
                 return "reserved", (
                     f"next to start: {job.gpus} GPUs{_type_label(job.gpu_type)} reserved for it as running jobs end"
@@ -350,8 +362,10 @@ class ConsolePass:
                 gpu_type = self.free.location[gpu_id][1]
                 free_by_type[gpu_type] = free_by_type.get(gpu_type, 0) + 1
         releases: list[tuple[float, str, int]] = []
-        running = [(self.now + s.remaining_s, s.job.gpu_ids) for s in self.states if not s.stopped]
-        for end, gpu_ids in running + self.placed_ends:
+        running = [
+            (self.now + s.remaining_s, s.job.gpu_ids, s.job.team) for s in self.states if not s.stopped
+        ]
+        for end, gpu_ids, _ in running + self.placed_ends:
             counts: dict[str, int] = defaultdict(int)
             for gpu_id in gpu_ids:
                 where = self.free.location.get(gpu_id)
