@@ -1,0 +1,159 @@
+from dataclasses import replace
+
+import pytest
+
+from apps.scheduling.config import PolicyConfig
+from apps.scheduling.policy import schedule
+from apps.scheduling.types import Priority, TeamQuotaView
+
+from .helpers import hosts, pending, running, snapshot
+
+HIGH, LOW, NORMAL, URGENT = Priority.HIGH, Priority.LOW, Priority.NORMAL, Priority.URGENT
+
+
+def placed(decisions):
+    return {p.job_id: p for p in decisions.placements}
+
+
+def stopped(decisions):
+    return {p.job_id: p.reason for p in decisions.preemptions}
+
+
+def test_places_by_priority_then_shortest_predicted_service():
+    snap = snapshot(
+        hosts(1, 2),
+        [
+            pending(1, declared_steps=1000, observed_step_s=10.0),  # 10,000 s
+            pending(2, declared_steps=10, observed_step_s=10.0),  # 100 s
+            pending(3, priority=LOW, declared_steps=1, observed_step_s=1.0),
+            pending(4, priority=HIGH, declared_steps=10_000, observed_step_s=10.0),
+        ],
+    )
+    decisions = schedule(snap)
+    assert set(placed(decisions)) == {4, 2}
+    assert decisions.pending[1].position == 1 and decisions.pending[3].position == 2
+    assert decisions.pending[1].estimated_start is not None
+
+
+def test_higher_class_preempts_lower_class_of_its_team_after_minimum_run_time():
+    now = 100_000.0
+    old_low = running(10, (0, 1), priority=LOW, started_at=now - 3600)
+    snap = snapshot(hosts(1, 2), [pending(1, 2, priority=HIGH)], [old_low], now=now)
+    decisions = schedule(snap)
+    assert "higher-priority job 1" in stopped(decisions)[10]
+    assert placed(decisions)[1].gpu_ids == (0, 1)
+
+    young_low = replace(old_low, started_at=now - 60)
+    decisions = schedule(replace(snap, running=(young_low,)))
+    assert not decisions.preemptions and not decisions.placements
+
+    capped = replace(old_low, preemption_count=3)
+    assert not schedule(replace(snap, running=(capped,))).preemptions
+    assert not schedule(replace(snap, running=(replace(old_low, preemptible=False),))).preemptions
+
+
+def test_priority_preemption_disabled_by_config():
+    snap = snapshot(hosts(1, 2), [pending(1, 2, priority=URGENT)], [running(10, (0, 1), priority=LOW)])
+    assert schedule(snap, PolicyConfig(priority_preemption=False)).preemptions == ()
+
+
+def test_other_teams_within_quota_are_not_preempted_for_priority():
+    quotas = {"a": TeamQuotaView("a", 2), "b": TeamQuotaView("b", 2)}
+    snap = snapshot(
+        hosts(1, 4),
+        [pending(1, 2, team="a", priority=URGENT)],
+        [running(10, (0, 1), team="b", priority=LOW), running(11, (2, 3), team="a", priority=URGENT)],
+        quotas,
+    )
+    decisions = schedule(snap)
+    assert not decisions.preemptions
+    assert decisions.pending[1].code == "waiting"
+
+
+def test_borrowing_idle_gpus_and_reclaim_by_the_owner():
+    quotas = {"a": TeamQuotaView("a", 2), "b": TeamQuotaView("b", 2, may_borrow=True)}
+    snap = snapshot(hosts(1, 4), [pending(1, 4, team="b")], [], quotas)
+    decisions = schedule(snap)
+    assert placed(decisions)[1].borrowing is True
+
+    borrower = running(10, (0, 1, 2, 3), team="b", borrowing=True, started_at=snap.now - 1)
+    owner = pending(2, 2, team="a", priority=LOW)
+    decisions = schedule(replace(snap, pending=(owner,), running=(borrower,)))
+    assert "reclaimed" in stopped(decisions)[10]
+    assert placed(decisions)[2].borrowing is False
+
+
+def test_team_without_borrowing_waits_at_its_quota():
+    quotas = {"a": TeamQuotaView("a", 2)}
+    snap = snapshot(hosts(1, 4), [pending(1, 2, team="a")], [running(10, (0, 1), team="a")], quotas)
+    info = schedule(snap).pending[1]
+    assert info.code == "quota" and "2 of its 2 GPUs" in info.reason
+    assert info.estimated_start is None
+
+
+def test_user_cap_inside_a_team():
+    quotas = {"t": TeamQuotaView("t", 8, user_max_gpus={"u": 1})}
+    snap = snapshot(hosts(1, 4), [pending(1, 1), pending(2, 1)], [], quotas)
+    decisions = schedule(snap)
+    assert len(decisions.placements) == 1 and decisions.pending[2].code == "user_cap"
+
+
+def test_reasons_for_gpu_type_size_and_gang():
+    snap = snapshot(
+        hosts(2, 4),
+        [pending(1, 1, gpu_type="h100"), pending(2, 16), pending(3, 4)],
+        [running(10, (0, 1)), running(11, (4, 5))],
+    )
+    info = schedule(snap).pending
+    assert info[1].code == "no_gpu_type" and "h100" in info[1].reason
+    assert info[2].code == "too_large"
+    assert info[3].code == "gang" and "at most 2 on one host" in info[3].reason
+
+
+def test_unschedulable_gpus_receive_no_new_jobs():
+    host_views = hosts(1, 2)
+    sick = replace(host_views[0], gpus=(replace(host_views[0].gpus[0], schedulable=False), host_views[0].gpus[1]))
+    decisions = schedule(snapshot((sick,), [pending(1), pending(2)]))
+    assert [p.gpu_ids for p in decisions.placements] == [(1,)]
+
+
+def test_backfill_only_when_the_head_is_not_delayed():
+    config = PolicyConfig(policy="fifo-backfill")
+    now = 100_000.0
+    # h0: GPUs 0-3, two busy until now+1000 (predicted). The 4-GPU head must wait for them.
+    busy = running(10, (0, 1), declared_steps=1000, observed_step_s=1.0, started_at=now, steps_reported_at=now)
+    head = pending(1, 4, submitted_at=1.0)
+    long_small = pending(2, 2, submitted_at=2.0, declared_steps=5000, observed_step_s=1.0)
+    short_small = pending(3, 2, submitted_at=3.0, declared_steps=100, observed_step_s=1.0)
+    snap = snapshot(hosts(1, 4), [head, long_small, short_small], [busy], now=now)
+    decisions = schedule(snap, config)
+    assert set(placed(decisions)) == {3}
+    assert decisions.pending[1].code == "reserved"
+    assert decisions.pending[1].estimated_start == pytest.approx(now + 1000)
+    assert decisions.pending[2].code == "backfill" and "reserved for job 1" in decisions.pending[2].reason
+
+
+def test_shortest_remaining_preemption_within_team_and_class():
+    now = 100_000.0
+    long_running = running(10, (0,), declared_steps=100_000, observed_step_s=1.0, started_at=now - 3600)
+    short = pending(1, 1, declared_steps=60, observed_step_s=1.0)
+    snap = snapshot(hosts(1, 1), [short], [long_running], now=now)
+    assert 10 in stopped(schedule(snap))
+    assert schedule(snap, PolicyConfig(srpt_preemption=False)).preemptions == ()
+
+
+def test_fifo_policy_is_the_first_come_first_served_pass():
+    snap = snapshot(hosts(1, 1), [pending(2, submitted_at=5.0), pending(1, submitted_at=9.0)])
+    assert [p.job_id for p in schedule(snap, PolicyConfig(policy="fifo")).placements] == [2]
+    with pytest.raises(ValueError):
+        schedule(snap, PolicyConfig(policy="nope"))
+
+
+def test_deterministic_for_a_snapshot():
+    snap = snapshot(
+        hosts(2, 4),
+        [pending(i, gpus=1 + i % 3, priority=Priority(i % 4), submitted_at=float(i % 5)) for i in range(30)],
+        [running(100, (0, 1), priority=LOW)],
+    )
+    first = schedule(snap)
+    assert all(schedule(snap) == first for _ in range(3))

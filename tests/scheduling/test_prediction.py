@@ -1,0 +1,33 @@
+import pytest
+
+from apps.scheduling.prediction import FinishedRun, RuntimeHistory, predict_remaining_s, predict_total_s
+
+from .helpers import pending, running
+
+
+def test_declared_steps_times_observed_step():
+    job = pending(1, declared_steps=1000, steps_done=400, observed_step_s=2.0)
+    assert predict_remaining_s(job, 0.0, None, 99.0) == 1200.0
+
+
+def test_running_job_extrapolates_steps_since_its_report():
+    job = running(1, (0,), declared_steps=1000, steps_done=100, observed_step_s=1.0, steps_reported_at=50.0)
+    assert predict_remaining_s(job, 150.0, None, 99.0) == pytest.approx(800.0)
+
+
+def test_history_gives_step_time_then_runtime_then_time_limit_then_default():
+    history = RuntimeHistory()
+    history.record("u", "bert", FinishedRun(gpus=2, runtime_s=500.0, step_s=0.5))
+    history.record("u", "bert", FinishedRun(gpus=4, runtime_s=300.0, step_s=0.25))
+    with_steps = pending(1, gpus=4, declared_steps=1000, similarity_key="bert")
+    assert predict_total_s(with_steps, history, 1.0) == 250.0
+    no_steps = pending(2, gpus=2, similarity_key="bert")
+    assert predict_total_s(no_steps, history, 1.0) == 500.0
+    other_user = pending(3, user="v", similarity_key="bert", time_limit_s=7200.0)
+    assert predict_total_s(other_user, history, 1.0) == 7200.0
+    assert predict_total_s(pending(4), history, 42.0) == 42.0
+
+
+def test_a_job_past_its_prediction_still_needs_time():
+    job = running(1, (0,), time_limit_s=None, started_at=0.0)
+    assert predict_remaining_s(job, 10_000.0, None, 100.0) == pytest.approx(2500.0)
