@@ -15,7 +15,9 @@ def hosts(count: int, per_host: int, gpu_type: str = "a100", first_id: int = 0) 
     )
 
 
-def pending(job_id: int, gpus: int = 1, team: str = "t", priority: Priority = Priority.NORMAL, **kw) -> PendingJob:
+def pending(
+    job_id: int, gpus: int = 1, team: str = "t", priority: Priority = Priority.NORMAL, **kw
+) -> PendingJob:
     kw.setdefault("submitted_at", float(job_id))
     kw.setdefault("user", "u")
     return PendingJob(job_id=job_id, team=team, gpus=gpus, priority=priority, **kw)

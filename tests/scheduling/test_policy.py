@@ -112,7 +112,9 @@ def test_reasons_for_gpu_type_size_and_gang():
 
 def test_unschedulable_gpus_receive_no_new_jobs():
     host_views = hosts(1, 2)
-    sick = replace(host_views[0], gpus=(replace(host_views[0].gpus[0], schedulable=False), host_views[0].gpus[1]))
+    sick = replace(
+        host_views[0], gpus=(replace(host_views[0].gpus[0], schedulable=False), host_views[0].gpus[1])
+    )
     decisions = schedule(snapshot((sick,), [pending(1), pending(2)]))
     assert [p.gpu_ids for p in decisions.placements] == [(1,)]
 
@@ -121,7 +123,9 @@ def test_backfill_only_when_the_head_is_not_delayed():
     config = PolicyConfig(policy="fifo-backfill")
     now = 100_000.0
     # h0: GPUs 0-3, two busy until now+1000 (predicted). The 4-GPU head must wait for them.
-    busy = running(10, (0, 1), declared_steps=1000, observed_step_s=1.0, started_at=now, steps_reported_at=now)
+    busy = running(
+        10, (0, 1), declared_steps=1000, observed_step_s=1.0, started_at=now, steps_reported_at=now
+    )
     head = pending(1, 4, submitted_at=1.0)
     long_small = pending(2, 2, submitted_at=2.0, declared_steps=5000, observed_step_s=1.0)
     short_small = pending(3, 2, submitted_at=3.0, declared_steps=100, observed_step_s=1.0)

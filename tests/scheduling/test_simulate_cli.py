@@ -1,0 +1,91 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from apps.scheduling.simulate import POLICY_NAMES, main, simulate
+from apps.scheduling.trace import TraceJob
+
+REPO = Path(__file__).resolve().parents[2]
+TIRESIAS = REPO.parent / "shared" / "traces" / "tiresias" / "60_job.csv"
+
+
+def job(job_id: int, gpus: int, submit: float, duration: float, team: str = "default") -> TraceJob:
+    return TraceJob(job_id, gpus, submit, duration, "m", iterations=int(duration), step_s=1.0, team=team)
+
+
+def test_oracles_on_a_tiny_trace():
+    # One 2-GPU host. A (2 GPUs, 100 s) at 0; B (1 GPU, 10 s) at 1; C (1 GPU, 10 s) at 2.
+    jobs = [job(0, 2, 0, 100), job(1, 1, 1, 10), job(2, 1, 2, 10)]
+    fifo = simulate(jobs, "1x2", "fifo")
+    assert fifo.avg_jct_h * 3600 == pytest.approx((100 + 109 + 108) / 3)
+    srtf = simulate(jobs, "1x2", "srtf-oracle")
+    # B and C preempt A at once (B at 1, C at 2 takes the second GPU), A resumes at 12 with 99 s left.
+    assert srtf.avg_jct_h * 3600 == pytest.approx((10 + 10 + 111) / 3)
+    assert srtf.preemptions == 1
+    costly = simulate(jobs, "1x2", "srtf-oracle", preempt_cost_s=30)
+    assert costly.avg_jct_h > srtf.avg_jct_h
+
+
+def test_every_policy_runs_and_reports_teams(capsys):
+    jobs = [job(i, 1 + i % 2, i * 5.0, 50.0 + 7 * i, team=f"t{i % 2}") for i in range(20)]
+    for name in POLICY_NAMES:
+        summary = simulate(jobs, "1x4", name, preempt_cost_s=5)
+        assert summary.jobs == 20 and 0 < summary.gpu_utilization <= 1
+        assert set(summary.teams) == {"t0", "t1"} and summary.worst_finish_time_fairness is not None
+
+
+@pytest.mark.skipif(not TIRESIAS.exists(), reason="shared traces not present")
+def test_cli_table_and_json(capsys):
+    assert (
+        main(["--trace", str(TIRESIAS), "--format", "tiresias", "--cluster", "16x4", "--policy", "all"]) == 0
+    )
+    table = capsys.readouterr().out
+    assert all(name in table for name in POLICY_NAMES) and "avg JCT" in table
+    main(
+        [
+            "--trace",
+            str(TIRESIAS),
+            "--format",
+            "tiresias",
+            "--cluster",
+            "4x4",
+            "--policy",
+            "fifo,console",
+            "--teams",
+            "2",
+            "--json",
+        ]
+    )
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["fifo", "console"]
+    assert rows[0]["worst_finish_time_fairness"] is not None
+
+
+@pytest.mark.skipif(not TIRESIAS.exists(), reason="shared traces not present")
+def test_module_entry_point():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apps.scheduling.simulate",
+            "--trace",
+            str(TIRESIAS),
+            "--format",
+            "tiresias",
+            "--cluster",
+            "16x4",
+            "--policy",
+            "fifo",
+            "--preempt-cost-s",
+            "30",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)[0]["jobs"] == 60
