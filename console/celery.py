@@ -20,3 +20,4 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
     sender.add_periodic_task(
         float(settings.SCHEDULER_PASS_INTERVAL_S), sender.signature("jobs.scheduler_pass"), name="scheduler pass"
     )
+    sender.add_periodic_task(float(settings.REAPER_INTERVAL_S), sender.signature("jobs.reap"), name="reaper")

@@ -140,6 +140,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SCHEDULER_PASS_INTERVAL_S = env_int("CONSOLE_SCHEDULER_INTERVAL_S", 5, minimum=1)
+REAPER_INTERVAL_S = env_int("CONSOLE_REAPER_INTERVAL_S", 10, minimum=1)
 # "fifo": first come first served within priority (the first pass); the full policies come with the scheduler.
 SCHEDULER_POLICY = env_str("CONSOLE_SCHEDULER_POLICY", "fifo")
 
@@ -195,6 +196,9 @@ SPECTACULAR_SETTINGS = {
 # --- jobs
 JOBS_DEFAULT_TIME_LIMIT_MINUTES = env_int("CONSOLE_DEFAULT_TIME_LIMIT_MINUTES", 240, minimum=1)
 JOBS_MAX_TIME_LIMIT_MINUTES = env_int("CONSOLE_MAX_TIME_LIMIT_MINUTES", 7 * 24 * 60, minimum=1)
+JOBS_LOG_MAX_CHARS = env_int("CONSOLE_JOB_LOG_MAX_CHARS", 10_000_000, minimum=1000)
+# Where checkpoints, logs and outputs live: a directory every host reaches, or s3://bucket/prefix.
+ARTIFACT_STORE_URL = env_str("CONSOLE_ARTIFACTS", None) or (VAR_DIR / "artifacts").as_uri()
 
 # --- i18n, static
 LANGUAGE_CODE = "en-us"

@@ -5,8 +5,10 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from apps.accounts import api as accounts_api
+from apps.cluster import agent_api as cluster_agent_api
 from apps.cluster import api as cluster_api
 from apps.core import views as core_views
+from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
 from apps.quotas import api as quotas_api
 
@@ -26,6 +28,11 @@ api_v1 = [
     path("teams/<slug:slug>/usage/", quotas_api.TeamUsageView.as_view(), name="team-usage"),
     path("presets/", jobs_api.PresetsView.as_view(), name="presets"),
     path("workloads/", jobs_api.WorkloadsView.as_view(), name="workloads"),
+    path("agent/register/", cluster_agent_api.RegisterView.as_view(), name="agent-register"),
+    path("agent/heartbeat/", cluster_agent_api.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/jobs/<int:job_id>/status/", jobs_agent_api.JobStatusView.as_view(), name="agent-job-status"),
+    path("agent/jobs/<int:job_id>/logs/", jobs_agent_api.JobLogView.as_view(), name="agent-job-logs"),
+    path("agent/jobs/<int:job_id>/progress/", jobs_agent_api.JobProgressView.as_view(), name="agent-job-progress"),
     path("", include(router.urls)),
 ]
 

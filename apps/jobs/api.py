@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import django_filters
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema
+from django.http import FileResponse, Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -14,7 +15,25 @@ from apps.jobs import selectors, services
 from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.serializers import CancelSerializer, JobEventSerializer, JobSerializer, JobSubmitSerializer
+from workers.runtime.artifacts import artifact_store_from_url
 from workers.runtime.catalog import PRESETS, WORKLOADS
+
+
+class LogQuerySerializer(serializers.Serializer):
+    after = serializers.IntegerField(min_value=0, default=0)
+    limit = serializers.IntegerField(min_value=1, max_value=1_000_000, default=200_000)
+
+
+class LogSliceSerializer(serializers.Serializer):
+    data = serializers.CharField()
+    next = serializers.IntegerField()
+    complete = serializers.BooleanField()
+    truncated = serializers.BooleanField()
+
+
+class ArtifactSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
 
 
 class JobFilter(django_filters.FilterSet):
@@ -75,6 +94,45 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         page = self.paginate_queryset(selectors.job_events(job))
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+
+    @extend_schema(
+        parameters=[OpenApiParameter("after", int, description="character offset to read from (0 = start)"),
+                    OpenApiParameter("limit", int, description="at most about this many characters")],
+        responses=LogSliceSerializer,
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        params = LogQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        data, next_offset = selectors.job_log_slice(job, params.validated_data["after"],
+                                                    params.validated_data["limit"])
+        complete = job.is_final and next_offset >= job.log_size
+        return Response({"data": data, "next": next_offset, "complete": complete, "truncated": job.log_truncated})
+
+    @extend_schema(responses=ArtifactSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def artifacts(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        files = artifact_store().list(str(job.pk))
+        return Response([{"path": path, "size": size} for path, size in files])
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @action(detail=True, methods=["get"], url_path=r"artifacts/(?P<path>.+)")
+    def artifact(self, request: Request, pk: str | None = None, path: str = "") -> FileResponse:
+        job = self.get_object()
+        try:
+            handle = artifact_store().open(str(job.pk), path)
+        except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise Http404("No such artifact.") from None
+        return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
+
+
+def artifact_store():
+    from django.conf import settings
+
+    return artifact_store_from_url(settings.ARTIFACT_STORE_URL)
 
 
 class PresetsView(APIView):

@@ -52,6 +52,10 @@ class Job(models.Model):
     steps_per_second = models.FloatField(null=True, blank=True)
     samples_per_second = models.FloatField(null=True, blank=True)
     last_loss = models.FloatField(null=True, blank=True)
+    # Per node of a multi-host run: node rank -> {"state", "exit_code", "reason"}; reset at each placement.
+    node_results = models.JSONField(default=dict, blank=True)
+    log_size = models.PositiveBigIntegerField(default=0, help_text="Characters of log stored.")
+    log_truncated = models.BooleanField(default=False)
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     placed_at = models.DateTimeField(null=True, blank=True)
@@ -134,3 +138,19 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.from_state}->{self.to_state} {self.reason}"
+
+
+class JobLogChunk(models.Model):
+    """A piece of a job's output, in order. `offset` counts characters from the start of the log."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    offset = models.PositiveBigIntegerField()
+    data = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "offset"]
+        constraints = [models.UniqueConstraint(fields=["job", "offset"], name="one_log_chunk_per_offset")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} log @{self.offset} ({len(self.data)} chars)"

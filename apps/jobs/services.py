@@ -20,11 +20,12 @@ from apps.cluster.selectors import known_gpu_types, largest_pool
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
-from apps.jobs.models import Job, JobAllocation, JobEvent, UsageSegment
+from apps.jobs.models import Job, JobAllocation, JobEvent, JobLogChunk, UsageSegment
 from apps.jobs.selectors import can_cancel
 from apps.quotas.models import PRIORITY_RANK, Priority, UserQuota
 from apps.quotas.selectors import budget_exhausted, gpus_held
 from apps.quotas.services import quota_lock
+from workers.protocol import RUN_JOB_TASK, STOP_JOB_TASK, Dispatch, JobStatus, Rendezvous, host_queue
 from workers.runtime.catalog import PRESETS, WORKLOADS, validate_params
 
 logger = logging.getLogger(__name__)
@@ -253,6 +254,7 @@ def job_place(job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by
             ):
                 return False
             JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu) for gpu in gpus])
+            Job.objects.filter(pk=job.pk).update(node_results={})
             UsageSegment.objects.create(job=job, team=job.team, user_id=job.user_id, gpus=job.gpus, started_at=now)
             transaction.on_commit(lambda: _dispatch(job.pk))
             return True
@@ -315,7 +317,9 @@ def job_cancel(
         text = f"cancelled by {actor.get_username()}" + (f": {reason}" if reason else "")
         _transition(locked, State.CANCELLED, text, from_states=ACTIVE_STATES, actor=actor, finished_at=now)
         if was_holding:
+            hosts = _job_hosts(locked)
             _release(locked, now)
+            _send_stop_after_commit(locked.pk, locked.attempts, hosts, "cancelled")
             request_scheduler_pass()
         if actor.pk != locked.user_id:
             audit_record(
@@ -365,6 +369,248 @@ def request_scheduler_pass() -> None:
     transaction.on_commit(enqueue)
 
 
+
+
+# --- dispatch to hosts and what the agents report
+
+
+def _job_hosts(job: Job) -> list[str]:
+    names = JobAllocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__host__name", flat=True)
+    return sorted(set(names))
+
+
+def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
+    """One Dispatch per host the job was placed on, with its GPU indices and (multi-host) rendezvous."""
+    allocations = (
+        JobAllocation.objects.filter(job=job, released_at__isnull=True)
+        .select_related("gpu__host")
+        .order_by("gpu__host__name", "gpu__index")
+    )
+    by_host: dict[str, list[int]] = {}
+    addresses: dict[str, str] = {}
+    for allocation in allocations:
+        host = allocation.gpu.host
+        by_host.setdefault(host.name, []).append(allocation.gpu.index)
+        addresses[host.name] = host.address or host.name
+    # The host with the most GPUs is node rank 0 and hosts the rendezvous store.
+    order = sorted(by_host, key=lambda name: (-len(by_host[name]), name))
+    preset = PRESETS.get(job.preset)
+    multi_process = bool(preset and preset.multi_process)
+    messages = []
+    for rank, host_name in enumerate(order):
+        rendezvous = None
+        if len(order) > 1:
+            port = 20000 + (job.pk * 7 + job.attempts) % 20000
+            rendezvous = Rendezvous(
+                endpoint=f"{addresses[order[0]]}:{port}", nnodes=len(order), node_rank=rank,
+                run_id=f"job-{job.pk}-a{job.attempts}",
+            )
+        messages.append(
+            (
+                host_name,
+                Dispatch(
+                    job_id=job.pk,
+                    attempt=job.attempts,
+                    host=host_name,
+                    gpu_indices=tuple(by_host[host_name]),
+                    kind=job.kind,
+                    preset=job.preset,
+                    workload=job.workload,
+                    time_limit_s=job.time_limit_minutes * 60,
+                    max_steps=job.max_steps,
+                    multi_process=multi_process or len(order) > 1,
+                    rendezvous=rendezvous,
+                ),
+            )
+        )
+    return messages
+
+
 def _dispatch(job_id: int) -> None:
-    """Send a placed job to its host's queue (the worker-host issue fills this in)."""
-    logger.info("job %s placed", job_id)
+    """Send a placed job to the queue of each of its hosts (after commit). Agents ignore stale messages."""
+    from celery import current_app
+
+    job = Job.objects.filter(pk=job_id, state=State.PLACED).first()
+    if job is None:
+        return
+    for host_name, message in dispatch_messages(job):
+        try:
+            current_app.send_task(RUN_JOB_TASK, args=[message.to_message()], queue=host_queue(host_name))
+        except Exception:  # noqa: BLE001 - a broker outage must not fail the pass; the reaper re-sends
+            logger.warning("could not dispatch job %s to %s; it will be re-sent", job_id, host_name, exc_info=True)
+
+
+def _send_stop_after_commit(job_id: int, attempt: int, hosts: list[str], reason: str) -> None:
+    def send() -> None:
+        from celery import current_app
+
+        for host_name in hosts:
+            try:
+                current_app.send_task(STOP_JOB_TASK, args=[job_id, attempt, reason], queue=host_queue(host_name))
+            except Exception:  # noqa: BLE001 - the heartbeat reply tells the agent too
+                logger.warning("could not send stop for job %s to %s", job_id, host_name, exc_info=True)
+
+    transaction.on_commit(send)
+
+
+class AgentReportError(Exception):
+    """A report that does not apply: the job is not on this host, or the report is from an older attempt."""
+
+
+def _job_for_host(job_id: int, host: Host, attempt: int) -> Job:
+    job = _lock_job(job_id)
+    if job is None or not JobAllocation.objects.filter(job=job, gpu__host=host).exists():
+        raise AgentReportError(f"job {job_id} was never placed on host {host.name}")
+    if attempt != job.attempts:
+        raise AgentReportError(f"report for attempt {attempt}, but job {job_id} is at attempt {job.attempts}")
+    return job
+
+
+def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Job, bool]:
+    """Apply what an agent reports about its part of a job. Returns the job and whether the report counted.
+
+    A "running" report is the agent's claim to start its node of the attempt: only the first claim per node
+    counts, so a redelivered dispatch message starts nothing. Repeated final reports are no-ops.
+    """
+    with transaction.atomic():
+        job = _job_for_host(job_id, host, status.attempt)
+        now = timezone.now()
+        if job.state not in Job.HOLDING_STATES:
+            return job, False  # cancelled, requeued or finished meanwhile: nothing to do
+        results = dict(job.node_results)
+        node = str(status.node_rank)
+        if status.state == "running":
+            if node in results:
+                return job, False
+            results[node] = {"state": "running", "host": host.name}
+            Job.objects.filter(pk=job.pk).update(node_results=results)
+            if job.state == State.PLACED:
+                _transition(job, State.RUNNING, f"process started on {host.name}", from_states=[State.PLACED],
+                            started_at=now, data=status.details)
+            return job, True
+        if results.get(node, {}).get("state") not in (None, "running"):
+            return job, False
+        results[node] = {"state": status.state, "exit_code": status.exit_code, "reason": status.reason,
+                         "host": host.name}
+        Job.objects.filter(pk=job.pk).update(node_results=results)
+        if status.state == "preempted":
+            _requeue(job, f"preempted on {host.name}: {status.reason or 'checkpoint saved'}", now,
+                     count_preemption=True)
+        elif status.state == "failed":
+            hosts = _job_hosts(job)
+            reason = status.reason or f"exited with code {status.exit_code}"
+            if len(hosts) > 1:
+                reason = f"{reason} (on {host.name})"
+            _finish(job, State.FAILED, reason, now, exit_code=status.exit_code, data=status.details)
+            others = [name for name in hosts if name != host.name]
+            if others:
+                _send_stop_after_commit(job.pk, job.attempts, others, "another node of the job failed")
+        elif status.state == "succeeded":
+            nodes = len(_job_hosts(job))
+            done = sum(1 for r in results.values() if r["state"] == "succeeded")
+            if done >= nodes:
+                _finish(job, State.SUCCEEDED, status.reason or "exited with code 0", now, exit_code=0,
+                        data=status.details)
+        return job, True
+
+
+def _finish(job: Job, to_state: str, reason: str, now, *, exit_code: int | None, data: dict | None = None) -> None:
+    if _transition(job, to_state, reason, from_states=list(Job.HOLDING_STATES), data=data, exit_code=exit_code,
+                   finished_at=now, failure_reason="" if to_state == State.SUCCEEDED else reason[:500]):
+        _release(job, now)
+        request_scheduler_pass()
+
+
+def _requeue(job: Job, reason: str, now, *, count_preemption: bool = False) -> None:
+    fields: dict[str, Any] = {"pending_reason": "requeued", "placed_at": None, "started_at": None}
+    if count_preemption:
+        fields["preemption_count"] = job.preemption_count + 1
+    if _transition(job, State.QUEUED, reason, from_states=list(Job.HOLDING_STATES), **fields):
+        _release(job, now)
+        request_scheduler_pass()
+
+
+def job_host_lost(job_id: int, host: Host) -> str | None:
+    """A host holding this job stopped answering: requeue the job if its retries allow, else fail it."""
+    with transaction.atomic():
+        job = _lock_job(job_id)
+        if job is None or job.state not in Job.HOLDING_STATES:
+            return None
+        now = timezone.now()
+        hosts = _job_hosts(job)
+        retry = job.attempts  # attempts counts placements; the first run is not a retry
+        if retry <= job.max_retries:
+            _requeue(job, f"host {host.name} lost (no heartbeat); requeued, retry {retry} of {job.max_retries}", now)
+            outcome = State.QUEUED
+        else:
+            _finish(job, State.FAILED, f"host lost: {host.name} stopped sending heartbeats", now, exit_code=None)
+            outcome = State.FAILED
+        others = [name for name in hosts if name != host.name]
+        if others:
+            _send_stop_after_commit(job.pk, job.attempts, others, f"host {host.name} of the job was lost")
+        return outcome
+
+
+def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
+    """Append output to the job's log, capped at JOBS_LOG_MAX_CHARS. Returns the log's size."""
+    from django.conf import settings
+
+    limit = settings.JOBS_LOG_MAX_CHARS
+    with transaction.atomic():
+        job = _job_for_host(job_id, host, attempt)
+        if job.log_truncated or not data:
+            return job.log_size
+        data = data.replace("\x00", "\ufffd")
+        room = limit - job.log_size
+        truncated = len(data) > room
+        if truncated:
+            data = data[:max(room, 0)] + f"\n[log truncated at {limit} characters; the job keeps running]\n"
+        JobLogChunk.objects.create(job=job, offset=job.log_size, data=data)
+        size = job.log_size + len(data)
+        Job.objects.filter(pk=job.pk).update(log_size=size, log_truncated=truncated)
+        return size
+
+
+def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
+    with transaction.atomic():
+        job = _job_for_host(job_id, host, attempt)
+        fields: dict[str, Any] = {}
+        if isinstance(progress.get("step"), int) and progress["step"] >= 0:
+            fields["steps_done"] = progress["step"]
+        for source, target in [("steps_per_s", "steps_per_second"), ("samples_per_s", "samples_per_second"),
+                               ("loss", "last_loss")]:
+            value = progress.get(source)
+            if isinstance(value, int | float) and value == value and abs(value) < 1e30:
+                fields[target] = float(value)
+        if fields:
+            Job.objects.filter(pk=job.pk).update(**fields)
+
+
+def jobs_on_lost_hosts() -> list[tuple[int, str]]:
+    """Mark hosts without heartbeats down and fail or requeue their jobs. Returns (job id, outcome) pairs."""
+    from apps.cluster.services import hosts_mark_lost
+
+    outcomes = []
+    for host in hosts_mark_lost():
+        job_ids = (
+            Job.objects.filter(state__in=Job.HOLDING_STATES, allocations__gpu__host=host,
+                               allocations__released_at__isnull=True)
+            .values_list("pk", flat=True)
+            .distinct()
+        )
+        for job_id in job_ids:
+            outcome = job_host_lost(job_id, host)
+            if outcome:
+                outcomes.append((job_id, outcome))
+    return outcomes
+
+
+def jobs_redispatch_stale(older_than_s: float = 60.0) -> list[int]:
+    """Re-send dispatch for jobs placed a while ago whose process never started (a lost message)."""
+    from datetime import timedelta
+
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    stale = list(Job.objects.filter(state=State.PLACED, placed_at__lt=cutoff).values_list("pk", flat=True))
+    for job_id in stale:
+        _dispatch(job_id)
+    return stale

@@ -9,3 +9,13 @@ from apps.jobs.scheduler import scheduler_pass as run_scheduler_pass
 def scheduler_pass() -> dict[str, float]:
     result = run_scheduler_pass()
     return {"pending": result.pending, "placed": result.placed, "seconds": result.seconds}
+
+
+@shared_task(name="jobs.reap", ignore_result=True)
+def reap() -> dict[str, int]:
+    """Hosts without heartbeats: mark down, fail or requeue their jobs. Placed jobs never started: re-send."""
+    from apps.jobs import services
+
+    lost = services.jobs_on_lost_hosts()
+    resent = services.jobs_redispatch_stale()
+    return {"lost": len(lost), "resent": len(resent)}

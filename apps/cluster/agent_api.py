@@ -1,0 +1,70 @@
+"""The agent's side of the API: registration and heartbeats, authenticated by the host's own token."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.cluster.authentication import HostTokenAuthentication, IsHostAgent
+from apps.cluster.services import RegistrationError, host_heartbeat, host_register
+from apps.jobs.selectors import jobs_to_stop_on_host
+from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue
+
+
+class GpuRecordSerializer(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=255)
+    uuid = serializers.CharField(max_length=80)
+    name = serializers.CharField(max_length=120, allow_blank=True)
+    gpu_type = serializers.CharField(max_length=60)
+    memory_mb = serializers.IntegerField(min_value=0)
+
+
+class RegistrationSerializer(serializers.Serializer):
+    host = serializers.CharField(max_length=100)
+    agent_version = serializers.CharField(max_length=40)
+    protocol = serializers.IntegerField()
+    simulated = serializers.BooleanField()
+    driver_version = serializers.CharField(max_length=40, allow_blank=True, required=False, default="")
+    cuda_version = serializers.CharField(max_length=40, allow_blank=True, required=False, default="")
+    address = serializers.CharField(max_length=200, allow_blank=True, required=False, default="")
+    gpus = GpuRecordSerializer(many=True, max_length=64)
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    running = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField(min_value=0), min_length=2, max_length=2),
+        required=False, default=list, max_length=1024, help_text="[job id, attempt] pairs the agent runs",
+    )
+
+
+class AgentView(APIView):
+    authentication_classes = [HostTokenAuthentication]
+    permission_classes = [IsHostAgent]
+
+
+class RegisterView(AgentView):
+    @extend_schema(request=RegistrationSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        form = RegistrationSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            host = host_register(request.auth, form.validated_data)
+        except RegistrationError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response({"host": host.name, "queue": host_queue(host.name), "state": host.state,
+                         "protocol": PROTOCOL_VERSION, "heartbeat_interval_s": HEARTBEAT_INTERVAL_S})
+
+
+class HeartbeatView(AgentView):
+    @extend_schema(request=HeartbeatSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        form = HeartbeatSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        host = request.auth
+        came_back = host_heartbeat(host)
+        running = [(job_id, attempt) for job_id, attempt in form.validated_data["running"]]
+        return Response({"stop": jobs_to_stop_on_host(host, running), "came_back": came_back})

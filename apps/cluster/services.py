@@ -1,0 +1,95 @@
+"""Hosts: credentials, registration by the agent, heartbeats and liveness."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts import tokens
+from apps.cluster.models import GPU, Host, HostCredential
+from apps.core.models import AuditEvent
+from apps.core.services import audit_record
+from workers.protocol import HEARTBEAT_TIMEOUT_S, PROTOCOL_VERSION
+
+
+class RegistrationError(ValueError):
+    pass
+
+
+def host_token_issue(*, name: str, actor: AbstractBaseUser | None = None) -> tuple[Host, str]:
+    """Create the host if needed and give it a new token (the old one stops working). Returns the secret."""
+    secret = tokens.new_secret("gph")
+    with transaction.atomic():
+        host, _ = Host.objects.get_or_create(name=name)
+        HostCredential.objects.update_or_create(
+            host=host, defaults={"digest": tokens.digest(secret), "prefix": secret[:12]}
+        )
+        audit_record(AuditEvent.Action.HOST_TOKEN_CREATED, actor=actor, target=f"host {name}")
+    return host, secret
+
+
+def host_authenticate(secret: str) -> Host | None:
+    credential = HostCredential.objects.select_related("host").filter(digest=tokens.digest(secret)).first()
+    return credential.host if credential else None
+
+
+def host_register(host: Host, registration: dict) -> Host:
+    """Record what the agent found on its host: versions and GPUs. GPUs are matched by index."""
+    if registration.get("protocol") != PROTOCOL_VERSION:
+        raise RegistrationError(
+            f"agent speaks protocol {registration.get('protocol')!r}, the console speaks {PROTOCOL_VERSION}: "
+            "upgrade the agent or the console so they match"
+        )
+    if registration.get("host") != host.name:
+        raise RegistrationError(f"this token belongs to host {host.name!r}, not {registration.get('host')!r}")
+    now = timezone.now()
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host.pk)
+        host.agent_version = str(registration.get("agent_version", ""))[:40]
+        host.driver_version = str(registration.get("driver_version", ""))[:40]
+        host.cuda_version = str(registration.get("cuda_version", ""))[:40]
+        host.simulated = bool(registration.get("simulated"))
+        host.address = str(registration.get("address", ""))[:200]
+        host.last_heartbeat = now
+        if host.state == Host.State.DOWN:
+            host.state = Host.State.UP
+        host.save()
+        seen = set()
+        for gpu in registration.get("gpus", []):
+            seen.add(gpu["index"])
+            GPU.objects.update_or_create(
+                host=host,
+                index=gpu["index"],
+                defaults={
+                    "uuid": gpu["uuid"],
+                    "gpu_type": gpu["gpu_type"],
+                    "model_name": gpu.get("name", "")[:120],
+                    "memory_mb": gpu["memory_mb"],
+                },
+            )
+        # GPUs that disappeared from the host stay as records (jobs refer to them) but take no new work.
+        GPU.objects.filter(host=host).exclude(index__in=seen).update(
+            health=GPU.Health.FAULTY, health_reason="not reported by the agent at its last registration"
+        )
+    return host
+
+
+def host_heartbeat(host: Host) -> bool:
+    """Record a heartbeat. Returns True when the host came back up from down."""
+    now = timezone.now()
+    Host.objects.filter(pk=host.pk).update(last_heartbeat=now)
+    return bool(Host.objects.filter(pk=host.pk, state=Host.State.DOWN).update(state=Host.State.UP))
+
+
+def hosts_mark_lost(now=None) -> list[Host]:
+    """Mark down every host whose heartbeats stopped; returns the hosts this call marked."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
+    lost = []
+    for host in Host.objects.filter(state__in=[Host.State.UP, Host.State.DRAINING], last_heartbeat__lt=cutoff):
+        if Host.objects.filter(pk=host.pk, state=host.state, last_heartbeat__lt=cutoff).update(state=Host.State.DOWN):
+            lost.append(host)
+    return lost

@@ -1,0 +1,74 @@
+"""What agents report about the jobs they run: status, log output and progress."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.cluster.agent_api import AgentView
+from apps.jobs import services
+from workers.protocol import JobStatus
+
+
+class StatusSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=JobStatus.STATES)
+    attempt = serializers.IntegerField(min_value=0)
+    exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    node_rank = serializers.IntegerField(min_value=0, required=False, default=0)
+    details = serializers.DictField(required=False, default=dict)
+
+
+class LogSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(min_value=0)
+    data = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
+
+
+class ProgressSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(min_value=0)
+    progress = serializers.DictField()
+
+
+def _rejected(exc: Exception) -> Response:
+    return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+
+
+class JobStatusView(AgentView):
+    @extend_schema(request=StatusSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, job_id: int) -> Response:
+        form = StatusSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            job, counted = services.job_report_status(
+                host=request.auth, job_id=job_id, status=JobStatus(**form.validated_data)
+            )
+        except services.AgentReportError as exc:
+            return _rejected(exc)
+        return Response({"state": job.state, "accepted": counted})
+
+
+class JobLogView(AgentView):
+    @extend_schema(request=LogSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, job_id: int) -> Response:
+        form = LogSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            size = services.job_append_log(host=request.auth, job_id=job_id, **form.validated_data)
+        except services.AgentReportError as exc:
+            return _rejected(exc)
+        return Response({"size": size})
+
+
+class JobProgressView(AgentView):
+    @extend_schema(request=ProgressSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, job_id: int) -> Response:
+        form = ProgressSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            services.job_record_progress(host=request.auth, job_id=job_id, **form.validated_data)
+        except services.AgentReportError as exc:
+            return _rejected(exc)
+        return Response({"ok": True})

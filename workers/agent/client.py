@@ -1,0 +1,76 @@
+"""The agent's HTTP client for the console's agent API (authenticated by the host token)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from workers.protocol import JobStatus, Registration
+
+logger = logging.getLogger("workers.agent")
+
+
+class ConsoleRejected(Exception):
+    """The console refused a report (409): the job moved on, or the report is from an older attempt."""
+
+
+class AgentConfigError(Exception):
+    """The console refuses this agent (bad token, protocol mismatch): retrying will not help."""
+
+
+class ConsoleClient:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0, transport: Any = None) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/") + "/api/v1/agent/",
+            headers={"Authorization": f"Host {token}", "User-Agent": "gpu-console-agent"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        response = self._http.post(path, json=payload)
+        if response.status_code == 401:
+            raise AgentConfigError("the console does not accept this host token (issue a new one)")
+        if response.status_code == 409:
+            raise ConsoleRejected(response.json().get("detail", "rejected"))
+        if response.status_code == 400:
+            raise AgentConfigError(f"the console rejected {path}: {response.text[:500]}")
+        response.raise_for_status()
+        return response.json()
+
+    def _post_retrying(self, path: str, payload: dict[str, Any], *, attempts: int) -> dict[str, Any]:
+        delay = 0.5
+        for attempt in range(attempts):
+            try:
+                return self._post(path, payload)
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                if attempt == attempts - 1:
+                    raise
+                logger.warning("console unreachable for %s (%s); retrying in %.1f s", path, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
+
+    def register(self, registration: Registration) -> dict[str, Any]:
+        try:
+            return self._post("register/", registration.to_message())
+        except ConsoleRejected as exc:
+            raise AgentConfigError(str(exc)) from None
+
+    def heartbeat(self, running: list[tuple[int, int]]) -> dict[str, Any]:
+        return self._post("heartbeat/", {"running": [list(pair) for pair in running]})
+
+    def report(self, job_id: int, status: JobStatus, *, attempts: int = 30) -> dict[str, Any]:
+        return self._post_retrying(f"jobs/{job_id}/status/", status.to_message(), attempts=attempts)
+
+    def log(self, job_id: int, attempt: int, data: str) -> None:
+        self._post_retrying(f"jobs/{job_id}/logs/", {"attempt": attempt, "data": data}, attempts=5)
+
+    def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
+        self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "progress": progress})

@@ -1,0 +1,226 @@
+"""The host agent: registers the host and its GPUs, heartbeats, and runs the jobs sent to its Celery queue.
+
+    gpu-agent --console-url http://console:8000 --broker redis://redis:6379/1 --token-file /etc/gpu-agent/token
+    gpu-agent --simulate 4xH200 ...        # simulated GPUs, for machines without an NVIDIA driver
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+from celery import Celery
+from celery.signals import worker_shutdown
+
+from workers.agent.client import AgentConfigError, ConsoleClient
+from workers.agent.runner import JobProcess, JobRunner, kill_leftover_jobs
+from workers.protocol import (
+    HEARTBEAT_INTERVAL_S,
+    PROTOCOL_VERSION,
+    RUN_JOB_TASK,
+    STOP_JOB_TASK,
+    Dispatch,
+    GpuRecord,
+    ProtocolError,
+    Registration,
+    host_queue,
+)
+
+AGENT_VERSION = "0.1.0"
+logger = logging.getLogger("workers.agent")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu-agent", description=__doc__.split("\n")[0])
+    parser.add_argument("--name", default=os.environ.get("GPU_AGENT_NAME") or socket.gethostname(),
+                        help="host name as registered in the console (default: this machine's host name)")
+    parser.add_argument("--console-url", default=os.environ.get("GPU_AGENT_CONSOLE_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--broker", default=os.environ.get("CELERY_BROKER_URL", "filesystem://"),
+                        help="Celery broker URL (redis://, amqp://, or filesystem:// with --broker-dir)")
+    parser.add_argument("--broker-dir", default=os.environ.get("GPU_AGENT_BROKER_DIR", "var/broker"),
+                        help="folder of the filesystem:// broker, shared with the console")
+    parser.add_argument("--token-file", default=os.environ.get("GPU_AGENT_TOKEN_FILE"),
+                        help="file holding the host token (or set GPU_AGENT_TOKEN)")
+    parser.add_argument("--simulate", default=os.environ.get("GPU_AGENT_SIMULATE"),
+                        help="simulated GPUs, e.g. 4xH200 (default: NVML)")
+    parser.add_argument("--work-dir", default=os.environ.get("GPU_AGENT_WORK_DIR"),
+                        help="where job working directories go (default: var/agent/<name>)")
+    parser.add_argument("--artifacts", default=os.environ.get("CONSOLE_ARTIFACTS", "var/artifacts"),
+                        help="artifact store directory shared with the console (path or file:// URL)")
+    parser.add_argument("--address", default=os.environ.get("GPU_AGENT_ADDRESS", ""),
+                        help="address other hosts use to reach this one (multi-host rendezvous)")
+    parser.add_argument("--concurrency", type=int, default=8, help="dispatch messages handled at once")
+    parser.add_argument("--grace-s", type=float, default=5.0, help="SIGTERM to SIGKILL grace when stopping jobs")
+    parser.add_argument("--fault-file", default=os.environ.get("GPU_AGENT_FAULT_FILE"),
+                        help="simulated backend: JSON file of injected faults")
+    parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+def read_token(args: argparse.Namespace) -> str:
+    token = os.environ.get("GPU_AGENT_TOKEN", "").strip()
+    if not token and args.token_file:
+        token = Path(args.token_file).read_text().strip()
+    if not token:
+        raise SystemExit("gpu-agent: no host token: set GPU_AGENT_TOKEN or --token-file "
+                         "(an admin issues one with `manage.py issue_host_token <host>`)")
+    return token
+
+
+def artifacts_path(value: str) -> Path:
+    parsed = urlparse(value)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme:
+        raise SystemExit(f"gpu-agent: --artifacts must be a directory (shared mount) or file:// URL, not {value!r}")
+    return Path(value)
+
+
+def open_gpu_backend(args: argparse.Namespace):
+    from workers.agent.gpus import NoGpuBackend, open_backend
+
+    try:
+        return open_backend(args.simulate, host_name=args.name, fault_file=args.fault_file)
+    except NoGpuBackend as exc:
+        raise SystemExit(f"gpu-agent: {exc}") from None
+
+
+def registration(args: argparse.Namespace, backend) -> Registration:
+    info = backend.driver_info()
+    return Registration(
+        host=args.name,
+        agent_version=AGENT_VERSION,
+        simulated=backend.kind == "simulated",
+        gpus=[GpuRecord(d.index, d.uuid, d.name, d.gpu_type, d.memory_mb) for d in backend.devices()],
+        driver_version=info.get("driver_version", ""),
+        cuda_version=info.get("cuda_version", ""),
+        address=args.address,
+        protocol=PROTOCOL_VERSION,
+    )
+
+
+def register_until_accepted(client: ConsoleClient, message: Registration, stop: threading.Event) -> dict:
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            reply = client.register(message)
+            logger.info("registered host %s with %d %s GPUs; queue %s", message.host, len(message.gpus),
+                        "simulated" if message.simulated else "NVML", reply["queue"])
+            return reply
+        except AgentConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the console may not be up yet
+            logger.warning("console not reachable for registration (%s); retrying in %.0f s", exc, delay)
+            stop.wait(delay)
+            delay = min(delay * 2, 15.0)
+    raise SystemExit(0)
+
+
+def heartbeat_loop(client: ConsoleClient, runner: JobRunner, message: Registration, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_INTERVAL_S):
+        try:
+            reply = client.heartbeat(runner.running())
+        except AgentConfigError as exc:
+            logger.error("heartbeat refused: %s", exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - keep beating; the console marks us down after 30 s
+            logger.warning("heartbeat failed: %s", exc)
+            continue
+        if reply.get("came_back"):
+            logger.info("the console had marked this host down; registering again")
+            try:
+                client.register(message)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("re-registration failed: %s", exc)
+        for job_id, attempt in reply.get("stop", []):
+            logger.info("the console no longer runs job %s attempt %s here: stopping it", job_id, attempt)
+            runner.stop(job_id, attempt, "the console no longer runs this job on this host")
+
+
+def celery_app(args: argparse.Namespace, runner: JobRunner) -> Celery:
+    app = Celery("gpu-agent", broker=args.broker, set_as_current=True)
+    options = {}
+    if args.broker.startswith("filesystem"):
+        folder = str(Path(args.broker_dir).resolve())
+        options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False}
+    app.conf.update(
+        broker_transport_options=options or {"visibility_timeout": 3600},
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        task_default_queue=host_queue(args.name),
+    )
+
+    @app.task(name=RUN_JOB_TASK)
+    def run_job(message: dict) -> str:
+        try:
+            dispatch = Dispatch.from_message(message)
+        except ProtocolError as exc:
+            logger.error("ignoring a dispatch this agent cannot read: %s", exc)
+            return "refused"
+        if dispatch.host != args.name:
+            logger.error("ignoring a dispatch for host %s", dispatch.host)
+            return "refused"
+        return runner.start(dispatch)
+
+    @app.task(name=STOP_JOB_TASK)
+    def stop_job(job_id: int, attempt: int, reason: str) -> bool:
+        return runner.stop(job_id, attempt, reason)
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent[%(name)s]: %(message)s")
+    token = read_token(args)
+    backend = open_gpu_backend(args)
+    client = ConsoleClient(args.console_url, token)
+    work_root = Path(args.work_dir or f"var/agent/{args.name}").resolve()
+    artifacts = artifacts_path(args.artifacts).resolve()
+    leftovers = kill_leftover_jobs(work_root) if work_root.exists() else []
+    if leftovers:
+        logger.warning("killed %d job process groups left by a previous run: %s", len(leftovers), leftovers)
+
+    def attach(job: JobProcess) -> None:
+        for index in job.dispatch.gpu_indices:
+            backend.attach_job(index, job.dispatch.job_id, job.process.pid)
+
+    def detach(job: JobProcess) -> None:
+        for index in job.dispatch.gpu_indices:
+            backend.detach_job(index, job.dispatch.job_id)
+
+    runner = JobRunner(client, work_root=work_root, artifacts_root=artifacts,
+                       simulated=backend.kind == "simulated", grace_s=args.grace_s,
+                       on_attach=attach, on_detach=detach)
+    stop = threading.Event()
+    message = registration(args, backend)
+    try:
+        register_until_accepted(client, message, stop)
+    except AgentConfigError as exc:
+        raise SystemExit(f"gpu-agent: the console refused this agent: {exc}") from None
+    threading.Thread(target=heartbeat_loop, args=(client, runner, message, stop), name="heartbeat",
+                     daemon=True).start()
+
+    @worker_shutdown.connect(weak=False)
+    def _on_shutdown(**_: object) -> None:
+        stop.set()
+        runner.shutdown()
+
+    app = celery_app(args, runner)
+    worker = app.Worker(
+        queues=[host_queue(args.name)], pool="threads", concurrency=args.concurrency,
+        hostname=f"agent@{args.name}", without_gossip=True, without_mingle=True, without_heartbeat=True,
+        loglevel=args.log_level.upper(),
+    )
+    worker.start()
+    sys.exit(worker.exitcode or 0)

@@ -1,0 +1,123 @@
+"""Messages between the host agent and the console, versioned. Pure: no Django, no Celery, no HTTP.
+
+The console sends a `Dispatch` to the host's own Celery queue (`host.<name>`); the agent answers over the console's
+agent API (HTTP, authenticated by its host token) with registration, heartbeats, job status, logs and progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+HOST_QUEUE_PREFIX = "host."
+RUN_JOB_TASK = "agent.run_job"
+STOP_JOB_TASK = "agent.stop_job"
+HEARTBEAT_INTERVAL_S = 5.0
+# A host whose last heartbeat is older than this is marked down and its jobs failed or requeued.
+HEARTBEAT_TIMEOUT_S = 30.0
+
+
+class ProtocolError(ValueError):
+    """A message that does not match this version's schema."""
+
+
+def host_queue(host_name: str) -> str:
+    return f"{HOST_QUEUE_PREFIX}{host_name}"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the processes of a multi-host job meet (torchrun's c10d rendezvous)."""
+
+    endpoint: str  # "address:port" of node rank 0
+    nnodes: int
+    node_rank: int
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    job_id: int
+    attempt: int
+    host: str
+    gpu_indices: tuple[int, ...]
+    kind: str
+    preset: str
+    workload: dict[str, Any]
+    time_limit_s: int
+    max_steps: int | None = None
+    multi_process: bool = False
+    rendezvous: Rendezvous | None = None
+    version: int = PROTOCOL_VERSION
+
+    def to_message(self) -> dict[str, Any]:
+        message = asdict(self)
+        message["gpu_indices"] = list(self.gpu_indices)
+        return message
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Dispatch:
+        if not isinstance(message, dict):
+            raise ProtocolError("a dispatch must be an object")
+        version = message.get("version")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"dispatch protocol version {version!r}; this agent speaks {PROTOCOL_VERSION}")
+        try:
+            rendezvous = message.get("rendezvous")
+            return cls(
+                job_id=int(message["job_id"]),
+                attempt=int(message["attempt"]),
+                host=str(message["host"]),
+                gpu_indices=tuple(int(i) for i in message["gpu_indices"]),
+                kind=str(message["kind"]),
+                preset=str(message["preset"]),
+                workload=dict(message["workload"]),
+                time_limit_s=int(message["time_limit_s"]),
+                max_steps=None if message.get("max_steps") is None else int(message["max_steps"]),
+                multi_process=bool(message.get("multi_process", False)),
+                rendezvous=Rendezvous(**rendezvous) if rendezvous else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed dispatch: {exc}") from None
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    index: int
+    uuid: str
+    name: str
+    gpu_type: str
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class Registration:
+    host: str
+    agent_version: str
+    simulated: bool
+    gpus: list[GpuRecord]
+    driver_version: str = ""
+    cuda_version: str = ""
+    address: str = ""
+    protocol: int = PROTOCOL_VERSION
+
+    def to_message(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What an agent reports about its part of a job."""
+
+    state: str  # "running" | "succeeded" | "failed" | "preempted" | "stopped"
+    attempt: int
+    exit_code: int | None = None
+    reason: str = ""
+    node_rank: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    STATES = ("running", "succeeded", "failed", "preempted", "stopped")
+
+    def to_message(self) -> dict[str, Any]:
+        return asdict(self)
