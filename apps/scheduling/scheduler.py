@@ -243,12 +243,12 @@ class ConsolePass:
 
     def run(self) -> Decisions:
         self._running_states()
+        remaining_of, score_of = self._remaining, self._score
         ordered = []
         for job in self.snapshot.pending:
-            remaining = self._remaining(job)
-            score = self._score(job, remaining)
-            ordered.append((-int(job.priority), score, job.submitted_at, job.job_id, job, remaining))
-        ordered.sort(key=lambda item: item[:4])
+            remaining = remaining_of(job)
+            ordered.append((-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining))
+        ordered.sort()  # job ids are unique: the comparison never reaches the job itself
 
         waiting: list[tuple[PendingJob, float, str, str]] = []
         higher_class_waiting: dict[int, int] = defaultdict(int)
@@ -386,7 +386,12 @@ class ConsolePass:
             )
 
     def _wake_at(self) -> float | None:
-        if not self.snapshot.pending or not (self.config.priority_preemption or self.config.srpt_preemption):
+        if not self.pending:
+            return None
+        # Only worth waking when a waiting job could then preempt: shortest-first, or a higher class waiting.
+        waiting_top = max((int(j.priority) for j in self.snapshot.pending if j.job_id in self.pending), default=-1)
+        running_low = min((int(s.job.priority) for s in self.states if not s.stopped), default=99)
+        if not (self.config.srpt_preemption or (self.config.priority_preemption and waiting_top > running_low)):
             return None
         later = [
             s.job.started_at + self.config.min_run_before_preempt_s

@@ -1,0 +1,140 @@
+"""Scheduler benchmark: every policy on the Muri traces beside the published figures, and the time of one pass.
+
+    python benchmarks/scheduler.py [--traces-dir ../shared/traces] [--traces trace3,trace4,trace1]
+        [--runtime-model muri|duration] [--preempt-cost-s 30] [--passes 9] [--skip-traces]
+
+The published numbers (Muri, NSDI'22 artifact, figures 9-10) come from the raw file next to the traces. Their
+simulator runs each job for iterations x iteration_time x 1.015 (`--runtime-model muri`, the default here);
+`duration` runs the trace's duration column instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from apps.scheduling.metrics import Summary  # noqa: E402
+from apps.scheduling.policy import schedule  # noqa: E402
+from apps.scheduling.simulate import POLICY_NAMES, simulate  # noqa: E402
+from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
+from apps.scheduling.trace import load_trace  # noqa: E402
+
+RAW_FILE = "published_raw_fig9-10_from_draw_fig9-10.py.txt"
+RAW_TRACE_INDEX = {"trace1": 0, "trace3": 4, "trace4": 6}
+RAW_SCHEDULERS = {
+    "SRTF": "srtf-oracle",
+    "SRSF": "srsf-oracle",
+    "Tiresias_L": "tiresias-2dlas",
+    "themis": None,
+    "antman": None,
+    "Muri_S": None,
+    "Muri_L": None,
+}
+METRICS = {"JCT": "avg_jct_h", "99JCT": "p99_jct_h", "Makespan": "makespan_h"}
+HOUR = 3600.0
+
+
+def published(traces_dir: Path) -> dict[tuple[str, str, str], float]:
+    """(scheduler, metric attribute, trace) -> hours, parsed from the authors' raw result lists."""
+    path = traces_dir / "muri" / RAW_FILE
+    if not path.exists():
+        return {}
+    figures = {}
+    for name, metric, values in re.findall(
+        r"^(\w+?)_(JCT|99JCT|Makespan)_raw = \[([^\]]*)\]", path.read_text(), re.M
+    ):
+        numbers = [float(v) for v in values.split(",")]
+        for trace, index in RAW_TRACE_INDEX.items():
+            figures[(name, METRICS[metric], trace)] = numbers[index] / HOUR
+    return figures
+
+
+def run_traces(traces_dir: Path, traces: list[str], runtime_model: str, preempt_cost_s: float) -> None:
+    reference = published(traces_dir)
+    for trace in traces:
+        jobs = load_trace(traces_dir / "muri" / f"{trace}.csv", "muri", runtime_model)
+        print(f"\n## {trace} ({len(jobs)} jobs, 8x8 GPUs, runtime model {runtime_model})")
+        results: dict[str, Summary] = {}
+        print(
+            f"{'policy':<16}{'avg JCT h':>10}{'(publ.)':>9}{'p99 h':>9}{'(publ.)':>9}{'makespan h':>11}"
+            f"{'(publ.)':>9}{'p50 h':>8}{'queue h':>9}{'util':>6}{'preempt':>8}{'sim s':>7}"
+        )
+        for name in POLICY_NAMES:
+            started = time.perf_counter()
+            summary = simulate(jobs, "8x8", name)
+            elapsed = time.perf_counter() - started
+            results[name] = summary
+            raw = next((k for k, v in RAW_SCHEDULERS.items() if v == name), None)
+
+            def ref(attribute: str, raw: str | None = raw, trace: str = trace) -> str:
+                value = reference.get((raw, attribute, trace)) if raw else None
+                return f"{value:>9.1f}" if value is not None else f"{'':>9}"
+
+            print(
+                f"{name:<16}{summary.avg_jct_h:>10.1f}{ref('avg_jct_h')}{summary.p99_jct_h:>9.1f}{ref('p99_jct_h')}"
+                f"{summary.makespan_h:>11.1f}{ref('makespan_h')}{summary.p50_jct_h:>8.1f}"
+                f"{summary.mean_queueing_delay_h:>9.1f}{summary.gpu_utilization:>6.2f}{summary.preemptions:>8}"
+                f"{elapsed:>7.1f}"
+            )
+        for raw, ours in RAW_SCHEDULERS.items():
+            if ours is None and (raw, "avg_jct_h", trace) in reference:
+                print(
+                    f"{raw + ' (publ.)':<16}{'':>10}{reference[(raw, 'avg_jct_h', trace)]:>9.1f}{'':>9}"
+                    f"{reference[(raw, 'p99_jct_h', trace)]:>9.1f}{'':>11}{reference[(raw, 'makespan_h', trace)]:>9.1f}"
+                )
+        if preempt_cost_s > 0:
+            costly = simulate(jobs, "8x8", "console", preempt_cost_s)
+            print(
+                f"{'console @' + format(preempt_cost_s, 'g') + 's':<16}{costly.avg_jct_h:>10.1f}{'':>9}"
+                f"{costly.p99_jct_h:>9.1f}{'':>9}{costly.makespan_h:>11.1f}{'':>9}{costly.p50_jct_h:>8.1f}"
+                f"{costly.mean_queueing_delay_h:>9.1f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
+            )
+        for name in ("srtf-oracle", "srsf-oracle", "tiresias-2dlas"):
+            raw = next(k for k, v in RAW_SCHEDULERS.items() if v == name)
+            value = reference.get((raw, "avg_jct_h", trace))
+            if value:
+                print(f"  {name}: avg JCT {100 * (results[name].avg_jct_h / value - 1):+.1f}% vs published")
+
+
+def time_pass(passes: int) -> None:
+    snapshot = synthetic_snapshot(pending=10_000, hosts=128, gpus_per_host=8)
+    gpus = sum(len(h.gpus) for h in snapshot.hosts)
+    schedule(snapshot)  # warm-up
+    timings = []
+    for _ in range(passes):
+        started = time.perf_counter()
+        decisions = schedule(snapshot)
+        timings.append(time.perf_counter() - started)
+    print(
+        f"\n## one console pass: {len(snapshot.pending)} pending, {len(snapshot.running)} running, {gpus} GPUs on "
+        f"{len(snapshot.hosts)} hosts\nmedian {1000 * statistics.median(timings):.1f} ms, min "
+        f"{1000 * min(timings):.1f} ms, max {1000 * max(timings):.1f} ms over {passes} passes "
+        f"({len(decisions.placements)} placed, {len(decisions.preemptions)} preempted)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--traces", default="trace3,trace4,trace1")
+    parser.add_argument("--runtime-model", choices=("muri", "duration"), default="muri")
+    parser.add_argument("--preempt-cost-s", type=float, default=30.0, help="also run console with this cost")
+    parser.add_argument("--passes", type=int, default=9)
+    parser.add_argument("--skip-traces", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.skip_traces:
+        run_traces(args.traces_dir, args.traces.split(","), args.runtime_model, args.preempt_cost_s)
+    time_pass(args.passes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
