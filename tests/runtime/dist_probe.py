@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from tests.runtime.helpers import TinyMLP, tiny_loader
+from tests.runtime.helpers import TinyBatchNormNet, TinyMLP, tiny_loader
 from workers.runtime import session
 
 
-def main(out_dir: Path) -> None:
+def main(out_dir: Path, model_name: str) -> None:
     rt = session.start()
     torch.manual_seed(0)
-    model = TinyMLP(width=16)
+    model = TinyBatchNormNet(width=16) if model_name == "batchnorm" else TinyMLP(width=16)
     model, optimizer, loader = rt.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2),
                                           tiny_loader(batch_size=8, samples=64))
     seen: dict = {"rank": rt.rank, "world_size": rt.world_size, "model_type": type(model).__name__,
@@ -43,9 +43,10 @@ def main(out_dir: Path) -> None:
     seen["full_numel"] = sum(t.numel() for t in full.values())
     seen["checksum"] = float(sum(t.double().sum() for t in full.values()))
     seen["steps"] = rt.step
+    seen["precision"] = [rt.precision.name, rt.precision.autocast]
     rt.finish()
     (out_dir / f"rank{seen['rank']}.json").write_text(json.dumps(seen))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "mlp")

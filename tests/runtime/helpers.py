@@ -38,6 +38,18 @@ class TinyConvNet(nn.Module):
         return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
 
 
+class TinyBatchNormNet(nn.Module):
+    """A flat-input model with a BatchNorm layer (what FSDP2 mixed precision cannot cast on the CPU)."""
+
+    def __init__(self, width: int = 16, inputs: int = 8, classes: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(inputs, width), nn.BatchNorm1d(width), nn.ReLU())])
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks[0](x))
+
+
 def tiny_data(samples: int = 64, inputs: int = 8, classes: int = 4, seed: int = 0) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, inputs, generator=generator)

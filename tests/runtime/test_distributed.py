@@ -15,10 +15,10 @@ from .helpers import TinyMLP, torchrun
 pytestmark = pytest.mark.slow
 
 
-def probe(job, preset: str, **env: str) -> list[dict]:
+def probe(job, preset: str, model: str = "mlp", **env: str) -> list[dict]:
     out = job.root / "probe"
     out.mkdir()
-    done = torchrun(["tests/runtime/dist_probe.py", str(out)], job.env(preset, **env))
+    done = torchrun(["tests/runtime/dist_probe.py", str(out), model], job.env(preset, **env))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -56,3 +56,11 @@ def test_fsdp2_shards_parameters_as_dtensors(job) -> None:
     model.load_state_dict(state)
     assert float(sum(p.detach().double().sum() for p in model.parameters())) == pytest.approx(ranks[0]["checksum"])
     assert all(v.dtype == torch.float32 for v in state.values())
+
+
+def test_fsdp2_with_batch_norm_falls_back_to_autocast(job) -> None:
+    ranks = probe(job, "fsdp", model="batchnorm")
+    for r in ranks:
+        assert r["dtensor"] and r["precision"] == ["bf16", True]
+        assert set(r["autocast"]) == {"torch.bfloat16"}
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]

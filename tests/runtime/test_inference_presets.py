@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 
 import pytest
 import torch
@@ -104,3 +106,15 @@ def test_infer_compiled_uses_torch_compile(job) -> None:
     result = rt.finish()
     # The first batch of each shape (a compilation) is not in the latency statistics.
     assert result["warmup_batches"] == 2 and result["batches"] == 3
+
+
+def test_sigterm_stops_inference_with_143_and_a_partial_result(job) -> None:
+    rt = session.start(job.env("infer-fp32"))
+    model = rt.prepare_inference(TinyMLP())
+    with pytest.raises(SystemExit) as exited:
+        for index, _ in enumerate(rt.infer(model, tiny_loader(batch_size=8, samples=80, shuffle=False))):
+            if index == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+    assert exited.value.code == 143
+    result = read_records(job.progress)[-1]
+    assert result["type"] == "result" and result["preempted"] is True and result["batches"] == 3

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 
@@ -71,7 +72,7 @@ def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer | Non
                         optimizer_state: dict | None) -> None:
     options = StateDictOptions(full_state_dict=True)
     if optimizer is None or optimizer_state is None:
-        set_state_dict(model, (), model_state_dict=model_state, optim_state_dict={}, options=options)
+        set_model_state_dict(model, model_state, options=options)
     else:
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
                        options=options)

@@ -42,6 +42,10 @@ def has_conv(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d | nn.Conv3d) for m in model.modules())
 
 
+def has_batch_norm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -184,7 +188,7 @@ class ResumableSampler(DistributedSampler):
 
 def rebuild_loader(loader: DataLoader, *, batch_size: int, world_size: int, rank: int, seed: int,
                    num_workers: int | None = None, pin_memory: bool | None = None,
-                   prefetch_factor: int | None = None) -> DataLoader:
+                   prefetch_factor: int | None = None, drop_last: bool | None = None) -> DataLoader:
     """The same data with the requested batch size and loader tuning, through a ResumableSampler.
 
     The sampler is used with one process too: its per-epoch order is reproducible, which exact resume
@@ -201,7 +205,7 @@ def rebuild_loader(loader: DataLoader, *, batch_size: int, world_size: int, rank
         "num_workers": workers,
         "pin_memory": loader.pin_memory if pin_memory is None else pin_memory,
         "collate_fn": loader.collate_fn,
-        "drop_last": loader.drop_last,
+        "drop_last": drop_last,
     }
     if workers > 0:
         options["persistent_workers"] = True

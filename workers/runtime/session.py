@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -118,6 +119,7 @@ class Session:
         self._rss_at_start = _rss_bytes()
         self._stop_requested = False
         self._previous_handler: Any = None
+        self._handler_installed = False
         self._closed = False
         if distributed_mode and not self.distributed:
             log.warning("preset %s runs %s over several processes, but this job has one; running unwrapped "
@@ -127,6 +129,7 @@ class Session:
                         env.world_size, preset.name)
         if install_signal_handler and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._handler_installed = True
         log.info("job %s: preset %s on %s (rank %d/%d), precision %s%s", env.job_id, preset.name, self.device,
                  env.rank, env.world_size, self.precision.name, " autocast" if self.precision.autocast else "")
 
@@ -199,7 +202,15 @@ class Session:
         if self._distributed_mode == "ddp":
             wrapped = ops.wrap_ddp(model, self.device)
         elif self._distributed_mode == "fsdp2":
-            ops.shard_fsdp2(model, self.precision.dtype if self.precision.name != "fp32" else None)
+            param_dtype = self.precision.dtype if self.precision.name != "fp32" else None
+            if param_dtype is not None and ops.has_batch_norm(model):
+                # FSDP2 would cast batch-norm weights but not their fp32 running statistics, which the CPU
+                # kernels reject: keep fp32 parameters and get the low precision from autocast instead.
+                log.info("batch norm present: FSDP2 keeps fp32 parameters, compute runs under %s autocast",
+                         self.precision.name)
+                self.precision = dataclasses.replace(self.precision, autocast=True)
+                param_dtype = None
+            ops.shard_fsdp2(model, param_dtype)
         if settings.get("compile"):
             torch._dynamo.config.suppress_errors = True  # fall back to eager where compilation fails
             wrapped.compile()
@@ -253,10 +264,15 @@ class Session:
         if tuning.get("pin_memory") and self.device.type != "cuda":
             log.info("pinned memory only helps host-to-GPU copies; not pinning on %s", self.device.type)
             tuning["pin_memory"] = False
+        drop_last = None
+        if settings.get("compile") and len(loader.dataset) > batch_size * self.world_size:  # type: ignore[arg-type]
+            # A smaller last batch would make torch.compile compile the model again, for dynamic shapes.
+            drop_last = True
+            log.info("torch.compile: dropping each epoch's incomplete last batch (static shapes)")
         rebuilt = ops.rebuild_loader(loader, batch_size=batch_size, world_size=self.world_size, rank=self.rank,
                                      seed=seed, num_workers=tuning.get("num_workers"),
                                      pin_memory=tuning.get("pin_memory"),
-                                     prefetch_factor=tuning.get("prefetch_factor"))
+                                     prefetch_factor=tuning.get("prefetch_factor"), drop_last=drop_last)
         if tuning:
             log.info("data loader: %d workers, pin_memory=%s, prefetch_factor=%s", rebuilt.num_workers,
                      rebuilt.pin_memory, rebuilt.prefetch_factor)
@@ -489,6 +505,13 @@ class Session:
         """
         compiled = bool(self.settings.get("compile"))
         for index, batch in enumerate(loader):
+            if self._stop_requested:
+                # Nothing to save for inference: report the latencies measured so far and stop.
+                log.warning("SIGTERM: stopping inference after %d batches; exiting with %d", index,
+                            PREEMPTED_EXIT_CODE)
+                self.reporter.result(**self._inference_summary(), preempted=True)
+                self.close()
+                sys.exit(PREEMPTED_EXIT_CODE)
             batch = self.to_device(batch)
             inputs = ops.inputs_of(batch)
             shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else None
@@ -505,7 +528,14 @@ class Session:
             yield batch, output
 
     def latency(self) -> dict[str, Any]:
+        """Latency percentiles (ms) and throughput of the batches timed by infer() so far."""
         return self._latency.summary()
+
+    def _inference_summary(self) -> dict[str, Any]:
+        summary = self.latency()
+        if self.module is not None:
+            summary["params"] = ops.parameter_count(self.module)
+        return summary
 
     # --- the end ----------------------------------------------------------------------------------------
 
@@ -530,9 +560,7 @@ class Session:
             if model_path is not None:
                 result["model_path"] = str(model_path)
         elif self.preset.kind == "inference":
-            result.update(self.latency())
-            if self.module is not None:
-                result["params"] = ops.parameter_count(self.module)
+            result.update(self._inference_summary())
         result.update(self.memory())
         result.update(metrics)
         self.reporter.result(**result)
@@ -579,8 +607,10 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        if self._previous_handler is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous_handler)
+        if self._handler_installed and threading.current_thread() is threading.main_thread():
+            # None means the previous handler was not installed from Python: the default is the best match.
+            signal.signal(signal.SIGTERM, self._previous_handler if self._previous_handler is not None
+                          else signal.SIG_DFL)
         if self._owns_process_group:
             dist_utils.shutdown()
 
