@@ -20,7 +20,7 @@ class PolicyConfig:
     # borrows) for a team reclaiming its quota. The first two respect the minimum run time and the cap.
     priority_preemption: bool = True
     srpt_preemption: bool = True
-    srpt_preempt_ratio: float = 2.0
+    srpt_preempt_ratio: float = 1.5
     min_run_before_preempt_s: float = 10 * 60
     max_preemptions_per_job: int = 3
     # Victim searches per pass (each scans the running jobs): bounds a pass over a long queue.
