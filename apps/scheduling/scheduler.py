@@ -247,7 +247,9 @@ class ConsolePass:
         ordered = []
         for job in self.snapshot.pending:
             remaining = remaining_of(job)
-            ordered.append((-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining))
+            ordered.append(
+                (-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining)
+            )
         ordered.sort()  # job ids are unique: the comparison never reaches the job itself
 
         waiting: list[tuple[PendingJob, float, str, str]] = []
@@ -389,9 +391,13 @@ class ConsolePass:
         if not self.pending:
             return None
         # Only worth waking when a waiting job could then preempt: shortest-first, or a higher class waiting.
-        waiting_top = max((int(j.priority) for j in self.snapshot.pending if j.job_id in self.pending), default=-1)
+        waiting_top = max(
+            (int(j.priority) for j in self.snapshot.pending if j.job_id in self.pending), default=-1
+        )
         running_low = min((int(s.job.priority) for s in self.states if not s.stopped), default=99)
-        if not (self.config.srpt_preemption or (self.config.priority_preemption and waiting_top > running_low)):
+        if not (
+            self.config.srpt_preemption or (self.config.priority_preemption and waiting_top > running_low)
+        ):
             return None
         later = [
             s.job.started_at + self.config.min_run_before_preempt_s

@@ -9,6 +9,8 @@ from apps.scheduling.types import Priority, TeamQuotaView
 from .helpers import hosts, pending, running, snapshot
 
 HIGH, LOW, NORMAL, URGENT = Priority.HIGH, Priority.LOW, Priority.NORMAL, Priority.URGENT
+# Isolates quota and priority rules from shortest-first preemption within a team.
+NO_SRPT = PolicyConfig(srpt_preemption=False)
 
 
 def placed(decisions):
@@ -65,7 +67,7 @@ def test_other_teams_within_quota_are_not_preempted_for_priority():
         [running(10, (0, 1), team="b", priority=LOW), running(11, (2, 3), team="a", priority=URGENT)],
         quotas,
     )
-    decisions = schedule(snap)
+    decisions = schedule(snap, NO_SRPT)
     assert not decisions.preemptions
     assert decisions.pending[1].code == "waiting"
 
@@ -86,7 +88,7 @@ def test_borrowing_idle_gpus_and_reclaim_by_the_owner():
 def test_team_without_borrowing_waits_at_its_quota():
     quotas = {"a": TeamQuotaView("a", 2)}
     snap = snapshot(hosts(1, 4), [pending(1, 2, team="a")], [running(10, (0, 1), team="a")], quotas)
-    info = schedule(snap).pending[1]
+    info = schedule(snap, NO_SRPT).pending[1]
     assert info.code == "quota" and "2 of its 2 GPUs" in info.reason
     assert info.estimated_start is None
 
