@@ -198,8 +198,9 @@ def rebuild_loader(loader: DataLoader, *, batch_size: int, world_size: int, rank
         log.warning("data loader has a custom sampler; leaving it as it is (no sharding, no exact resume)")
         return loader
     shuffle = isinstance(loader.sampler, RandomSampler)
+    drop_last = loader.drop_last if drop_last is None else drop_last
     sampler = ResumableSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                                 seed=seed, drop_last=loader.drop_last)
+                               seed=seed, drop_last=drop_last)
     workers = loader.num_workers if num_workers is None else num_workers
     options: dict[str, Any] = {
         "num_workers": workers,
