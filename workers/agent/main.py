@@ -148,7 +148,8 @@ def celery_app(args: argparse.Namespace, runner: JobRunner) -> Celery:
     options = {}
     if args.broker.startswith("filesystem"):
         folder = str(Path(args.broker_dir).resolve())
-        options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False}
+        options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False,
+                   "control_folder": str(Path(folder).parent / "broker-control")}
     app.conf.update(
         broker_transport_options=options or {"visibility_timeout": 3600},
         task_acks_late=True,
@@ -182,6 +183,7 @@ def celery_app(args: argparse.Namespace, runner: JobRunner) -> Celery:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent[%(name)s]: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     token = read_token(args)
     backend = open_gpu_backend(args)
     client = ConsoleClient(args.console_url, token)

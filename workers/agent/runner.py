@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -205,8 +206,12 @@ class JobRunner:
             (job.workdir / "command.json").write_text(json.dumps({"argv": argv}))
             self._send_log(job, f"[agent] job {dispatch.job_id} attempt {dispatch.attempt} on {dispatch.host} "
                                 f"GPUs {','.join(map(str, dispatch.gpu_indices))}: {' '.join(argv)}\n")
+            if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.workdir / argv[0]).is_file():
+                raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
+            shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
+                    "--stop-file", str(job.workdir / "stop-grace"), "--"]
             job.process = self._launcher.popen(
-                argv, cwd=job.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                [*shim, *argv], cwd=job.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         except (OSError, ValueError) as exc:
@@ -264,16 +269,21 @@ class JobRunner:
                   state="failed")
 
     def _terminate(self, job: JobProcess, grace_s: float) -> None:
+        """Ask the job's shim to stop its process tree: SIGTERM, then SIGKILL after `grace_s`."""
         process = job.process
         if process is None or process.poll() is not None:
             return
-        _signal_group(process.pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            (job.workdir / "stop-grace").write_text(str(grace_s))
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
 
         def kill_later() -> None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=grace_s)
-            # The leader may be gone while children still run: kill whatever is left of the group.
-            _signal_group(process.pid, signal.SIGKILL)
+            # Last resort, should the shim itself hang: kill its process group.
+            try:
+                process.wait(timeout=grace_s + 10)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
 
         threading.Thread(target=kill_later, name=f"kill-{job.dispatch.job_id}", daemon=True).start()
 

@@ -1,0 +1,199 @@
+"""A real console on this machine for integration tests: ASGI server, Celery worker with beat, host agents.
+
+Everything runs as separate processes, as `make run` starts them, against a fresh database: SQLite under a temp
+folder by default, or a fresh PostgreSQL database and Redis broker when the environment names them (CI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_PASSWORD = "integration-admin-pass-42"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _fresh_postgres(url: str, name: str) -> str:
+    import psycopg
+
+    parsed = urlparse(url)
+    admin = parsed._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return parsed._replace(path=f"/{name}").geturl()
+
+
+def _fresh_redis(url: str, db: int) -> str:
+    import redis
+
+    parsed = urlparse(url)
+    fresh = parsed._replace(path=f"/{db}").geturl()
+    redis.Redis.from_url(fresh).flushdb()
+    return fresh
+
+
+@dataclass
+class LiveCluster:
+    base: Path
+    agents: dict[str, str]  # name -> simulate spec
+    port: int = field(default_factory=free_port)
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def setup(self) -> None:
+        var = self.base / "var"
+        var.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DJANGO_SETTINGS"))}
+        env.update(
+            DJANGO_SETTINGS_MODULE="console.settings",
+            CONSOLE_VAR_DIR=str(var),
+            CONSOLE_ARTIFACTS=(self.base / "artifacts").as_uri(),
+            CONSOLE_SCHEDULER_INTERVAL_S="1",
+            CONSOLE_REAPER_INTERVAL_S="2",
+            CONSOLE_ADMIN_PASSWORD=ADMIN_PASSWORD,
+            PYTHONUNBUFFERED="1",
+        )
+        if env.get("DATABASE_URL", "").startswith("postgres"):
+            env["DATABASE_URL"] = _fresh_postgres(env["DATABASE_URL"], "console_integration")
+        else:
+            env.pop("DATABASE_URL", None)
+        if env.get("CELERY_BROKER_URL", "").startswith("redis"):
+            env["CELERY_BROKER_URL"] = _fresh_redis(env["CELERY_BROKER_URL"], 5)
+        else:
+            env["CELERY_BROKER_URL"] = "filesystem://"
+        if env.get("REDIS_URL"):
+            env["REDIS_URL"] = _fresh_redis(env["REDIS_URL"], 6)
+        self.env = env
+        self.manage("migrate", "--noinput")
+        self.manage("bootstrap_console", "--agent-host", "", "--demo-team", "")
+        for name in self.agents:
+            self.manage("issue_host_token", name, "--output", str(var / f"token-{name}"))
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
+                                text=True, timeout=300)
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = (self.base / f"{name}.log").open("ab")
+        process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        self.processes[name] = process
+        return process
+
+    def start(self) -> None:
+        self.setup()
+        var = self.base / "var"
+        self._spawn("web", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+                            "--port", str(self.port), "--log-level", "warning"])
+        self._spawn("worker", [sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues",
+                               "console", "--concurrency", "1", "--loglevel", "INFO", "-s",
+                               str(var / "beat-schedule")])
+        for name in self.agents:
+            self.start_agent(name)
+        self.wait_for(lambda: self._hosts_up() >= len(self.agents), timeout=90, what="agents to register")
+
+    def start_agent(self, name: str) -> subprocess.Popen:
+        var = self.base / "var"
+        return self._spawn(f"agent-{name}", [
+            sys.executable, "-m", "workers.agent", "--name", name, "--simulate", self.agents[name],
+            "--console-url", self.url, "--broker", self.env["CELERY_BROKER_URL"], "--broker-dir",
+            str(var / "broker"), "--token-file", str(var / f"token-{name}"), "--work-dir",
+            str(self.base / "work" / name), "--artifacts", str(self.base / "artifacts"), "--address", "127.0.0.1",
+            "--grace-s", "3",
+        ])
+
+    def _hosts_up(self) -> int:
+        try:
+            hosts = self.admin().get("/api/v1/hosts/").json()["results"]
+        except (httpx.HTTPError, KeyError, ValueError):
+            return 0
+        return sum(1 for host in hosts if host["state"] == "up")
+
+    def admin(self) -> httpx.Client:
+        if not hasattr(self, "_admin"):
+            self.wait_for(self._server_answers, timeout=60, what="the console to answer")
+            token = httpx.post(f"{self.url}/api/v1/auth/token/",
+                               json={"username": "admin", "password": ADMIN_PASSWORD, "name": "it"}).json()["token"]
+            self.admin_token = token
+            self._admin = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        return self._admin
+
+    def _server_answers(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/accounts/login/", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_for(self, condition, *, timeout: float, what: str, interval: float = 0.5):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.logs_tail()}")
+
+    def job(self, job_id: int) -> dict:
+        return self.admin().get(f"/api/v1/jobs/{job_id}/").json()
+
+    def wait_state(self, job_id: int, states: set[str], timeout: float = 120) -> dict:
+        return self.wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout=timeout,
+                             what=f"job {job_id} to reach {states}")
+
+    def log(self, job_id: int) -> str:
+        return self.admin().get(f"/api/v1/jobs/{job_id}/logs/").json()["data"]
+
+    def submit(self, **spec) -> dict:
+        response = self.admin().post("/api/v1/jobs/", json={"team": "it", "name": "it-job", **spec})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        self.processes[name].send_signal(sig)
+        self.processes[name].wait(timeout=30)
+
+    def logs_tail(self, lines: int = 40) -> str:
+        parts = []
+        for name in self.processes:
+            path = self.base / f"{name}.log"
+            if path.exists():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {name}\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

@@ -1,0 +1,184 @@
+"""Jobs run by real host agents: real ASGI server, real Celery worker and broker, agents with simulated GPUs.
+
+The agents run job processes for real (torchrun for multi-GPU jobs, with c10d rendezvous across two agents).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.live import LiveCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+SCRIPTS = Path(__file__).parent / "scripts"
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    live = LiveCluster(tmp_path_factory.mktemp("cluster"),
+                       agents={"it-a": "2xH200", "it-b": "2xH200", "it-c": "1xL40S", "it-d": "1xA100"})
+    try:
+        live.start()
+        admin = live.admin()
+        assert admin.post("/api/v1/teams/", json={"slug": "it"}).status_code == 201
+        assert admin.patch("/api/v1/teams/it/quota/", json={"max_gpus": 8}).status_code == 200
+        # Started first and checked last: it must be stopped by its one-minute time limit meanwhile.
+        live.time_limited = live.submit(gpus=1, gpu_type="A100", time_limit_minutes=1,
+                                        workload={"command": [PY, str(SCRIPTS / "show_env.py"), "600"]})
+        yield live
+    finally:
+        live.stop()
+
+
+def proc_lines(log: str) -> list[dict[str, str]]:
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in re.findall(r"proc pid=.*", log)]
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie has exited: it only waits to be reaped by its parent.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def test_ddp_job_runs_one_process_per_placed_gpu(cluster):
+    job = cluster.submit(gpus=2, gpu_type="H200", preset="ddp",
+                         workload={"command": ["python", str(SCRIPTS / "show_env.py")]})
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    log = cluster.log(job["id"])
+    assert done["state"] == "succeeded", log
+    placed = ",".join(str(a["index"]) for a in cluster.job(job["id"])["allocations"])
+    procs = proc_lines(log)
+    assert len(procs) == 2, log
+    assert {p["cvd"] for p in procs} == {placed}
+    assert sorted(p["local_rank"] for p in procs) == ["0", "1"]
+    assert {p["preset"] for p in procs} == {"ddp"}
+    assert "torch.distributed.run --nproc-per-node 2 --standalone" in log
+
+
+def test_builtin_ddp_training_succeeds_with_progress(cluster):
+    job = cluster.submit(gpus=2, gpu_type="H200", preset="ddp", max_steps=6,
+                         workload={"builtin": "mlp-digits", "params": {"epochs": 1, "batch_size": 32}})
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"}, timeout=180)
+    assert done["state"] == "succeeded", cluster.log(job["id"])
+    assert done["exit_code"] == 0 and done["steps_done"] == 6
+    assert done["steps_per_second"] and done["samples_per_second"]
+    events = cluster.admin().get(f"/api/v1/jobs/{job['id']}/events/").json()["results"]
+    assert [e["to_state"] for e in events] == ["queued", "placed", "running", "succeeded"]
+    files = {a["path"] for a in cluster.admin().get(f"/api/v1/jobs/{job['id']}/artifacts/").json()}
+    assert "logs/attempt-1-node-0.log" in files and "outputs/model.pt" in files
+
+
+def test_four_gpu_ddp_job_spans_two_agents(cluster):
+    job = cluster.submit(gpus=4, gpu_type="H200", preset="ddp",
+                         workload={"command": ["python", str(SCRIPTS / "show_env.py")]})
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"}, timeout=180)
+    log = cluster.log(job["id"])
+    assert done["state"] == "succeeded", log
+    assert {a["host"] for a in done["allocations"]} == {"it-a", "it-b"}
+    procs = proc_lines(log)
+    assert len(procs) == 4, log
+    assert sorted(p["rank"] for p in procs) == ["0", "1", "2", "3"]
+    assert {p["world"] for p in procs} == {"4"}
+    assert sorted(p["local_rank"] for p in procs) == ["0", "0", "1", "1"]
+    # One torchrun on each host, meeting through c10d rendezvous at node rank 0's address.
+    assert re.search(rf"\[agent\] job {job['id']} attempt 1 on it-a GPUs 0,1: .*--rdzv-backend c10d", log)
+    assert re.search(rf"\[agent\] job {job['id']} attempt 1 on it-b GPUs 0,1: .*--rdzv-backend c10d", log)
+
+
+def test_cancel_stops_every_process_of_the_job(cluster):
+    job = cluster.submit(gpus=1, gpu_type="H200", workload={"command": [PY, str(SCRIPTS / "spawn_children.py")]})
+    cluster.wait_state(job["id"], {"running"})
+    line = cluster.wait_for(lambda: re.search(r"^pids ([\d ]+)$", cluster.log(job["id"]), re.M), timeout=30,
+                            what="the job to print its pids")
+    pids = [int(pid) for pid in line.group(1).split()]
+    assert not any(gone(pid) for pid in pids)
+    cancelled_at = time.monotonic()
+    assert cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/", json={}).status_code == 200
+    cluster.wait_for(lambda: all(gone(pid) for pid in pids), timeout=10, what="every process of the job to stop")
+    assert time.monotonic() - cancelled_at < 10
+    assert cluster.job(job["id"])["state"] == "cancelled"
+
+
+def test_redelivered_dispatch_message_is_a_no_op(cluster):
+    job = cluster.submit(gpus=1, gpu_type="H200", workload={"command": [PY, str(SCRIPTS / "show_env.py"), "6"]})
+    cluster.wait_state(job["id"], {"running"})
+    cluster.manage("shell", "-c", (
+        "from celery import current_app; from apps.jobs.models import Job; "
+        "from apps.jobs.services import dispatch_messages; from workers.protocol import RUN_JOB_TASK, host_queue; "
+        f"job = Job.objects.get(pk={job['id']}); "
+        "[current_app.send_task(RUN_JOB_TASK, args=[m.to_message()], queue=host_queue(h)) "
+        "for h, m in dispatch_messages(job)]"
+    ))
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    assert done["state"] == "succeeded"
+    log = cluster.log(job["id"])
+    assert log.count(f"[agent] job {job['id']} attempt 1") == 1
+    assert len(proc_lines(log)) == 1
+    events = cluster.admin().get(f"/api/v1/jobs/{job['id']}/events/").json()["results"]
+    assert [e["to_state"] for e in events].count("running") == 1
+    cluster.wait_for(lambda: "'duplicate'" in cluster.logs_tail(400), timeout=20,
+                     what="the agent to answer the second message with 'duplicate'")
+
+
+def test_a_command_that_does_not_exist_fails_with_reason(cluster):
+    job = cluster.submit(gpus=1, workload={"command": ["/nonexistent/train-model", "--fast"]})
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    assert done["state"] == "failed" and done["exit_code"] == 127
+    assert "could not start the job" in done["failure_reason"]
+    assert "command not found: '/nonexistent/train-model'" in cluster.log(job["id"])
+
+
+def test_a_crashing_script_fails_with_its_exit_code_and_log(cluster):
+    job = cluster.submit(gpus=1, workload={"command": [PY, str(SCRIPTS / "crash.py")]})
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    assert done["state"] == "failed" and done["exit_code"] == 1
+    assert done["failure_reason"] == "exited with code 1"
+    log = cluster.log(job["id"])
+    assert "loading data" in log and "RuntimeError: CUDA out of patience" in log
+
+
+def test_unknown_builtin_or_preset_is_refused_at_submission(cluster):
+    admin = cluster.admin()
+    bad = admin.post("/api/v1/jobs/", json={"team": "it", "name": "x", "gpus": 1, "workload": {"builtin": "nope"}})
+    assert bad.status_code == 400 and "workload" in bad.json()
+    bad = admin.post("/api/v1/jobs/", json={"team": "it", "name": "x", "gpus": 1, "preset": "turbo",
+                                            "workload": {"builtin": "mlp-digits"}})
+    assert bad.status_code == 400 and "preset" in bad.json()
+
+
+def test_kill_9_of_the_agent_leaves_no_job_running(cluster):
+    job = cluster.submit(gpus=1, gpu_type="L40S", workload={"command": [PY, str(SCRIPTS / "show_env.py"), "600"]})
+    cluster.wait_state(job["id"], {"running"})
+    pid = int(cluster.wait_for(lambda: proc_lines(cluster.log(job["id"])), timeout=30, what="the job to start")[0]
+              ["pid"])
+    killed_at = time.monotonic()
+    cluster.kill("agent-it-c")
+    cluster.wait_for(lambda: gone(pid), timeout=10, what="the job process to die with its agent")
+    done = cluster.wait_state(job["id"], {"failed", "queued"}, timeout=60)
+    assert time.monotonic() - killed_at < 60
+    assert done["state"] == "failed" and done["failure_reason"].startswith("host lost")
+    hosts = {h["name"]: h["state"] for h in cluster.admin().get("/api/v1/hosts/").json()["results"]}
+    assert hosts["it-c"] == "down"
+    # The agent comes back: the host is up again and takes work.
+    cluster.start_agent("it-c")
+    cluster.wait_for(lambda: {h["name"]: h["state"] for h in cluster.admin().get("/api/v1/hosts/").json()["results"]}
+                     ["it-c"] == "up", timeout=30, what="the host to come back")
+
+
+def test_time_limit_stops_the_job(cluster):
+    done = cluster.wait_state(cluster.time_limited["id"], {"succeeded", "failed"}, timeout=120)
+    assert done["state"] == "failed"
+    assert done["failure_reason"].startswith("time limit of 1 minutes exceeded")

@@ -1,0 +1,148 @@
+"""The job shim: the agent starts every job through it, and it owns the job's whole process tree.
+
+    python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace -- argv...
+
+It makes itself a child subreaper, so every process the job starts stays in its subtree even when the job
+daemonizes or when torchrun puts its workers in process groups of their own. It ends the whole tree:
+- when the job's main process exits (leftovers are killed, then the shim exits with the main process's status);
+- on SIGTERM from the agent (forwarded to the tree; SIGKILL after the grace period);
+- when the agent dies, even by kill -9 (the kernel sends the shim SIGTERM through PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+POLL_S = 0.05
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root`, read from /proc (children first is not needed: we signal them all)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: the fields after the last ')' are fixed.
+        fields = stat[stat.rfind(")") + 2:].split()
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        for child in parents.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def signal_tree(sig: int) -> None:
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+class Shim:
+    def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None) -> None:
+        self.argv = argv
+        self.grace_s = grace_s
+        self.stop_file = stop_file
+        self.main_pid = 0
+        self.main_status: int | None = None
+        self.kill_at: float | None = None
+
+    def on_term(self, signum: int, frame: object) -> None:
+        if self.kill_at is not None:
+            return
+        grace = self.grace_s
+        if self.stop_file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                grace = float(self.stop_file.read_text())
+        self.kill_at = time.monotonic() + grace
+        signal_tree(signal.SIGTERM)
+
+    def spawn(self) -> None:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.execvp(self.argv[0], self.argv)
+            except OSError as exc:
+                print(f"[agent] could not start the job: {exc}", file=sys.stderr, flush=True)
+                os._exit(127 if exc.errno == errno.ENOENT else 126)
+        self.main_pid = pid
+
+    def reap(self) -> bool:
+        """Reap every exited child; False once no child is left."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            if pid == self.main_pid:
+                self.main_status = status
+
+    def run(self) -> int:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        parent = os.getppid()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self.on_term)
+        signal.signal(signal.SIGINT, self.on_term)
+        if os.getppid() != parent:  # the agent died before the death signal was armed
+            return 1
+        self.spawn()
+        while self.reap():
+            if self.main_status is not None:
+                # The job's main process is done: nothing it left behind may keep running.
+                signal_tree(signal.SIGKILL)
+            elif self.kill_at is not None and time.monotonic() >= self.kill_at:
+                signal_tree(signal.SIGKILL)
+            time.sleep(POLL_S)
+        return self.main_status if self.main_status is not None else 0
+
+
+def exit_like(status: int) -> None:
+    """Leave with the main process's status: its exit code, or death by the same signal."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(1)
+        sys.exit(128 + sig)
+    sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gpu-agent-shim")
+    parser.add_argument("--grace", type=float, default=5.0)
+    parser.add_argument("--stop-file", type=Path)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    exit_like(Shim(command, args.grace, args.stop_file).run())
+
+
+if __name__ == "__main__":
+    main()
