@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from apps.cluster.authentication import HostTokenAuthentication, IsHostAgent
 from apps.cluster.services import RegistrationError, host_heartbeat, host_register
 from apps.jobs.selectors import jobs_to_stop_on_host
+from apps.jobs.services import jobs_missing_on_host
 from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue
 
 
@@ -67,4 +68,5 @@ class HeartbeatView(AgentView):
         host = request.auth
         came_back = host_heartbeat(host)
         running = [(job_id, attempt) for job_id, attempt in form.validated_data["running"]]
+        jobs_missing_on_host(host, running)
         return Response({"stop": jobs_to_stop_on_host(host, running), "came_back": came_back})

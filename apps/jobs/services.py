@@ -530,7 +530,7 @@ def _requeue(job: Job, reason: str, now, *, count_preemption: bool = False) -> N
         request_scheduler_pass()
 
 
-def job_host_lost(job_id: int, host: Host) -> str | None:
+def job_host_lost(job_id: int, host: Host, reason: str = "") -> str | None:
     """A host holding this job stopped answering: requeue the job if its retries allow, else fail it."""
     with transaction.atomic():
         job = _lock_job(job_id)
@@ -539,11 +539,12 @@ def job_host_lost(job_id: int, host: Host) -> str | None:
         now = timezone.now()
         hosts = _job_hosts(job)
         retry = job.attempts  # attempts counts placements; the first run is not a retry
+        why = reason or f"{host.name} stopped sending heartbeats"
         if retry <= job.max_retries:
-            _requeue(job, f"host {host.name} lost (no heartbeat); requeued, retry {retry} of {job.max_retries}", now)
+            _requeue(job, f"host lost: {why}; requeued, retry {retry} of {job.max_retries}", now)
             outcome = State.QUEUED
         else:
-            _finish(job, State.FAILED, f"host lost: {host.name} stopped sending heartbeats", now, exit_code=None)
+            _finish(job, State.FAILED, f"host lost: {why}", now, exit_code=None)
             outcome = State.FAILED
         others = [name for name in hosts if name != host.name]
         if others:
@@ -614,3 +615,30 @@ def jobs_redispatch_stale(older_than_s: float = 60.0) -> list[int]:
     for job_id in stale:
         _dispatch(job_id)
     return stale
+
+
+def jobs_missing_on_host(host: Host, running: list[tuple[int, int]], *, grace_s: float = 20.0) -> list[int]:
+    """Jobs the console believes run on `host` that its agent no longer lists (say, the agent restarted).
+
+    Each is requeued or failed like a job on a lost host. A node that already reported its end is not missing.
+    """
+    from datetime import timedelta
+
+    listed = set(running)
+    cutoff = timezone.now() - timedelta(seconds=grace_s)
+    candidates = (
+        Job.objects.filter(state=State.RUNNING, started_at__lt=cutoff, allocations__gpu__host=host,
+                           allocations__released_at__isnull=True)
+        .distinct()
+        .values_list("pk", "attempts", "node_results")
+    )
+    missing = []
+    for job_id, attempt, results in candidates:
+        if (job_id, attempt) in listed:
+            continue
+        mine = [r for r in results.values() if r.get("host") == host.name]
+        if any(r.get("state") != "running" for r in mine):
+            continue  # this host's node finished and reported; other nodes still run
+        if job_host_lost(job_id, host, reason=f"its process is gone: the agent on {host.name} no longer runs it"):
+            missing.append(job_id)
+    return missing

@@ -170,7 +170,7 @@ def test_lost_host_requeues_within_retries_then_fails(world, host_a):
     assert outcomes == {retried.pk: "queued", once.pk: "failed"}
     retried.refresh_from_db()
     once.refresh_from_db()
-    assert "retry 1 of 1" in retried.events.last().reason
+    assert "retry 1 of 1" in retried.events.last().reason and "host lost" in retried.events.last().reason
     assert once.failure_reason.startswith("host lost")
     assert Host.objects.get(name="sim-a").state == "down"
     # The host comes back: heartbeats mark it up, the requeued job runs again as attempt 2, then fails for good.
@@ -180,3 +180,25 @@ def test_lost_host_requeues_within_retries_then_fails(world, host_a):
     assert retried.state == "placed" and retried.attempts == 2
     Host.objects.filter(name="sim-a").update(last_heartbeat=timezone.now() - timedelta(seconds=31))
     assert dict(services.jobs_on_lost_hosts()) == {retried.pk: "failed"}
+
+
+def test_a_running_job_the_agent_no_longer_lists_is_requeued_or_failed(world, host_a):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Host.objects.exclude(name="sim-a").update(state="down")
+    job = submit(world.member)
+    scheduler_pass()
+    client = agent(host_a[1])
+    client.post(f"/api/v1/agent/jobs/{job.pk}/status/", {"state": "running", "attempt": 1}, format="json")
+    client.post("/api/v1/agent/heartbeat/", {"running": []}, format="json")
+    job.refresh_from_db()
+    assert job.state == "running"  # just started: the agent may not list it yet
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=60))
+    client.post("/api/v1/agent/heartbeat/", {"running": [[job.pk, 1]]}, format="json")
+    job.refresh_from_db()
+    assert job.state == "running"
+    client.post("/api/v1/agent/heartbeat/", {"running": []}, format="json")
+    job.refresh_from_db()
+    assert job.state == "failed" and "no longer runs it" in job.failure_reason
