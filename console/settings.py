@@ -142,8 +142,21 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SCHEDULER_PASS_INTERVAL_S = env_int("CONSOLE_SCHEDULER_INTERVAL_S", 5, minimum=1)
 REAPER_INTERVAL_S = env_int("CONSOLE_REAPER_INTERVAL_S", 10, minimum=1)
-# "fifo": first come first served within priority (the first pass); the full policies come with the scheduler.
-SCHEDULER_POLICY = env_str("CONSOLE_SCHEDULER_POLICY", "fifo")
+# The scheduling policy (apps.scheduling.config.PolicyConfig): "console" (priorities with preemption, quota
+# guarantees with borrowing, fair share, shortest predicted remaining time with aging, gang placement), or
+# "fifo", "fifo-backfill", "fair-share".
+SCHEDULER = {
+    "policy": env_str("CONSOLE_SCHEDULER_POLICY", "console"),
+    "min_run_before_preempt_s": float(env_int("CONSOLE_MIN_RUN_BEFORE_PREEMPT_S", 600, minimum=0)),
+    "max_preemptions_per_job": env_int("CONSOLE_MAX_PREEMPTIONS_PER_JOB", 3, minimum=0),
+    "borrowing": env_bool("CONSOLE_SCHEDULER_BORROWING", True),
+    "backfill": env_bool("CONSOLE_SCHEDULER_BACKFILL", False),
+}
+if SCHEDULER["policy"] not in {"console", "fifo", "fifo-backfill", "fair-share"}:
+    raise ImproperlyConfigured(
+        f"Environment variable CONSOLE_SCHEDULER_POLICY={SCHEDULER['policy']!r} must be one of console, fifo, "
+        "fifo-backfill, fair-share."
+    )
 
 if REDIS_URL:
     CHANNEL_LAYERS = {

@@ -1,40 +1,100 @@
-"""The console side of a scheduler pass: database snapshot → pure policy → atomic placements."""
+"""The console side of a scheduler pass: database snapshot → pure policy → atomic placements and preemptions."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import PurePosixPath
 
 from django.conf import settings
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
+from django.utils import timezone
 
 from apps.cluster.models import GPU, Host
 from apps.jobs import services
-from apps.jobs.models import Job, JobAllocation
+from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.quotas.models import TeamQuota, UserQuota
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
-from apps.scheduling.types import (
-    GpuView,
-    HostView,
-    PendingJob,
-    Priority,
-    RunningJob,
-    Snapshot,
-    TeamQuotaView,
-)
+from apps.scheduling.prediction import FinishedRun, RuntimeHistory
+from apps.scheduling.types import GpuView, HostView, PendingJob, Priority, RunningJob, Snapshot, TeamQuotaView
 
 logger = logging.getLogger(__name__)
+HISTORY_DAYS = 30
+HISTORY_RUNS = 2000
+
+
+def policy_config() -> PolicyConfig:
+    return PolicyConfig(**settings.SCHEDULER)
 
 
 def _epoch(value: datetime | None) -> float | None:
     return value.timestamp() if value else None
 
 
-def build_snapshot(now: float | None = None) -> Snapshot:
+def similarity_key(workload: dict) -> str:
+    """Jobs that are "the same program" for run-time prediction: a built-in, or the script a command runs."""
+    if "builtin" in workload:
+        return f"builtin:{workload['builtin']}"
+    argv = workload.get("command") or [""]
+    names = [PurePosixPath(arg).name for arg in argv[:2]]
+    script = next((name for name in names if name.endswith(".py")), names[0])
+    return f"command:{script}"
+
+
+def _decayed(gpus: int, start: float, end: float, now: float, half_life: float) -> float:
+    """GPU-seconds of one usage segment, each second weighted 2^-(age / half-life) as Slurm's fair share does."""
+    rate = math.log(2) / half_life
+    return gpus * (math.exp(-rate * (now - end)) - math.exp(-rate * (now - start))) / rate
+
+
+def _recent_usage(now: float, half_life: float) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    since = datetime.fromtimestamp(now - 4 * half_life, tz=UTC)
+    teams: dict[str, float] = defaultdict(float)
+    users: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    rows = UsageSegment.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=since)).values_list(
+        "team__slug", "user__username", "gpus", "started_at", "ended_at"
+    )
+    for team, user, gpus, started, ended in rows:
+        usage = _decayed(gpus, max(started.timestamp(), since.timestamp()), _epoch(ended) or now, now, half_life)
+        teams[team] += usage
+        users[team][user] += usage
+    return teams, users
+
+
+def _history() -> RuntimeHistory:
+    history = RuntimeHistory()
+    since = timezone.now() - timedelta(days=HISTORY_DAYS)
+    finished = (
+        Job.objects.filter(state=Job.State.SUCCEEDED, finished_at__gt=since, started_at__isnull=False)
+        .order_by("-finished_at")
+        .values_list("user__username", "workload", "gpus", "started_at", "finished_at", "steps_per_second")[
+            :HISTORY_RUNS
+        ]
+    )
+    for user, workload, gpus, started, ended, steps_per_second in reversed(finished):
+        run = FinishedRun(gpus=gpus, runtime_s=(ended - started).total_seconds(),
+                          step_s=1.0 / steps_per_second if steps_per_second else None)
+        history.record(user, similarity_key(workload), run)
+    return history
+
+
+def _attained_before_current_run(job_ids: list[int], now: float) -> dict[int, float]:
+    """GPU-seconds of each job's earlier runs (segments that ended; the open one is the current run)."""
+    attained: dict[int, float] = defaultdict(float)
+    closed = UsageSegment.objects.filter(job_id__in=job_ids, ended_at__isnull=False)
+    for job_id, gpus, started, ended in closed.values_list("job_id", "gpus", "started_at", "ended_at"):
+        attained[job_id] += gpus * (ended - started).total_seconds()
+    return attained
+
+
+def build_snapshot(now: float | None = None, config: PolicyConfig | None = None) -> Snapshot:
     now = now if now is not None else time.time()
+    config = config or policy_config()
     hosts = tuple(
         HostView(
             name=host.name,
@@ -49,58 +109,64 @@ def build_snapshot(now: float | None = None) -> Snapshot:
     active_allocations = Prefetch(
         "allocations", queryset=JobAllocation.objects.filter(released_at__isnull=True), to_attr="active_allocations"
     )
-    running = tuple(
-        RunningJob(
-            job_id=job.pk,
-            team=job.team.slug,
-            user=job.user.get_username(),
-            gpus=job.gpus,
-            priority=Priority.from_name(job.priority),
-            gpu_ids=tuple(a.gpu_id for a in job.active_allocations),
-            started_at=_epoch(job.started_at or job.placed_at) or now,
-            submitted_at=_epoch(job.created_at) or now,
-            gpu_type=job.gpu_type or None,
-            declared_steps=job.max_steps,
-            steps_done=job.steps_done,
-            observed_step_s=1.0 / job.steps_per_second if job.steps_per_second else None,
-            time_limit_s=job.time_limit_minutes * 60.0,
-            preemption_count=job.preemption_count,
-        )
-        for job in Job.objects.filter(state__in=Job.HOLDING_STATES)
+    holding = list(
+        Job.objects.filter(state__in=Job.HOLDING_STATES)
         .select_related("team", "user")
         .prefetch_related(active_allocations)
     )
-    pending = tuple(
-        PendingJob(
-            job_id=job.pk,
-            team=job.team.slug,
-            user=job.user.get_username(),
-            gpus=job.gpus,
-            priority=Priority.from_name(job.priority),
+    queued = list(Job.objects.filter(state=Job.State.QUEUED).select_related("team", "user"))
+    attained = _attained_before_current_run([job.pk for job in holding + queued], now)
+
+    def common(job: Job) -> dict:
+        return {
+            "job_id": job.pk,
+            "team": job.team.slug,
+            "user": job.user.get_username(),
+            "gpus": job.gpus,
+            "priority": Priority.from_name(job.priority),
+            "gpu_type": job.gpu_type or None,
+            "attained_gpu_seconds": attained.get(job.pk, 0.0),
+            "declared_steps": job.max_steps,
+            "steps_done": job.steps_done,
+            "observed_step_s": 1.0 / job.steps_per_second if job.steps_per_second else None,
+            "time_limit_s": job.time_limit_minutes * 60.0,
+            "preemption_count": job.preemption_count,
+            "similarity_key": similarity_key(job.workload),
+            "preemptible": job.priority != "urgent",
+        }
+
+    # A job already asked to stop is left out: its GPUs count as free, so the policy does not pick further
+    # victims for the same need; placements on them wait (job_place re-checks) until the agent releases them.
+    running = tuple(
+        RunningJob(
+            **common(job),
+            gpu_ids=tuple(a.gpu_id for a in job.active_allocations),
+            started_at=_epoch(job.started_at or job.placed_at) or now,
             submitted_at=_epoch(job.created_at) or now,
-            gpu_type=job.gpu_type or None,
-            declared_steps=job.max_steps,
-            steps_done=job.steps_done,
-            observed_step_s=1.0 / job.steps_per_second if job.steps_per_second else None,
-            time_limit_s=job.time_limit_minutes * 60.0,
-            preemption_count=job.preemption_count,
+            borrowing=job.borrowing,
+            steps_reported_at=_epoch(job.progress_at),
         )
-        for job in Job.objects.filter(state=Job.State.QUEUED).select_related("team", "user")
+        for job in holding
+        if job.preempt_requested_at is None
     )
-    user_caps: dict[str, dict[str, int]] = {}
+    pending = tuple(PendingJob(**common(job), submitted_at=_epoch(job.created_at) or now) for job in queued)
+    user_caps: dict[str, dict[str, int]] = defaultdict(dict)
     for team_slug, username, cap in UserQuota.objects.values_list("team__slug", "user__username", "max_gpus"):
-        user_caps.setdefault(team_slug, {})[username] = cap
+        user_caps[team_slug][username] = cap
+    team_usage, user_usage = _recent_usage(now, config.usage_half_life_s)
     quotas = {
         quota.team.slug: TeamQuotaView(
             team=quota.team.slug,
             max_gpus=quota.max_gpus,
             user_max_gpus=user_caps.get(quota.team.slug, {}),
             share=quota.share,
+            recent_usage_gpu_seconds=team_usage.get(quota.team.slug, 0.0),
             may_borrow=quota.may_borrow,
+            user_recent_usage_gpu_seconds=dict(user_usage.get(quota.team.slug, {})),
         )
         for quota in TeamQuota.objects.select_related("team")
     }
-    return Snapshot(now=now, hosts=hosts, pending=pending, running=running, quotas=quotas)
+    return Snapshot(now=now, hosts=hosts, pending=pending, running=running, quotas=quotas, history=_history())
 
 
 @dataclass(frozen=True)
@@ -108,30 +174,40 @@ class PassResult:
     pending: int
     placed: int
     skipped: int
+    preempted: int
     seconds: float
 
 
 def scheduler_pass() -> PassResult:
     started = time.perf_counter()
-    snapshot = build_snapshot()
-    decisions = schedule(snapshot, PolicyConfig(policy=settings.SCHEDULER_POLICY))
-    placed = sum(1 for p in decisions.placements if services.job_place(p.job_id, p.gpu_ids))
-    services.jobs_set_pending_info(
-        {
-            job_id: (
-                info.reason,
-                info.position,
-                datetime.fromtimestamp(info.estimated_start, tz=UTC) if info.estimated_start else None,
-            )
-            for job_id, info in decisions.pending.items()
-        }
-    )
+    config = policy_config()
+    snapshot = build_snapshot(config=config)
+    decisions = schedule(snapshot, config)
+    preempted = sum(1 for p in decisions.preemptions if services.job_preempt(p.job_id, p.reason))
+    placed = 0
+    pending_info = {
+        job_id: (
+            info.reason,
+            info.position,
+            datetime.fromtimestamp(info.estimated_start, tz=UTC) if info.estimated_start else None,
+        )
+        for job_id, info in decisions.pending.items()
+    }
+    for placement in decisions.placements:
+        if services.job_place(placement.job_id, placement.gpu_ids, borrowing=placement.borrowing):
+            placed += 1
+        else:
+            pending_info[placement.job_id] = ("starting: waiting for its GPUs to be released", 1, None)
+    services.jobs_set_pending_info(pending_info)
+    if decisions.wake_at is not None or preempted:
+        services.request_scheduler_pass()
     result = PassResult(
         pending=len(snapshot.pending),
         placed=placed,
         skipped=len(decisions.placements) - placed,
+        preempted=preempted,
         seconds=time.perf_counter() - started,
     )
-    if placed or result.skipped:
+    if placed or preempted:
         logger.info("scheduler pass: %s", result)
     return result

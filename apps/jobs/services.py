@@ -217,8 +217,14 @@ def _release(job: Job, now: Any) -> None:
     UsageSegment.objects.filter(job=job, ended_at__isnull=True).update(ended_at=now)
 
 
-def job_place(job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by the scheduler") -> bool:
-    """Give a queued job its GPUs, atomically. False (and nothing changed) if anything no longer holds."""
+def job_place(
+    job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by the scheduler", borrowing: bool = False
+) -> bool:
+    """Give a queued job its GPUs, atomically. False (and nothing changed) if anything no longer holds.
+
+    Within quota, a team's own borrowers do not count against it; a borrowing placement needs a team that may
+    borrow, and runs as preemptible capacity beyond the quota.
+    """
     try:
         with transaction.atomic():
             job = Job.objects.select_related("team").filter(pk=job_id).first()
@@ -228,7 +234,10 @@ def job_place(job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by
             job = _lock_job(job_id)
             if job is None or job.state != State.QUEUED:
                 return False
-            if gpus_held(job.team) + job.gpus > quota.max_gpus:
+            if borrowing:
+                if not quota.may_borrow:
+                    return False
+            elif gpus_held(job.team, guaranteed_only=True) + job.gpus > quota.max_gpus:
                 return False
             user_cap = UserQuota.objects.filter(team=job.team, user_id=job.user_id).values_list("max_gpus", flat=True)
             if user_cap and gpus_held(job.team, user=job.user) + job.gpus > user_cap[0]:
@@ -240,6 +249,8 @@ def job_place(job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by
                 return False
             now = timezone.now()
             where = ", ".join(f"{gpu.host.name}:{gpu.index}" for gpu in gpus)
+            if borrowing:
+                where += " (borrowing idle GPUs beyond the team's quota; preemptible)"
             if not _transition(
                 job,
                 State.PLACED,
@@ -250,6 +261,7 @@ def job_place(job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by
                 queue_position=None,
                 estimated_start=None,
                 attempts=job.attempts + 1,
+                borrowing=borrowing,
                 data={"gpus": [gpu.uuid for gpu in gpus]},
             ):
                 return False
@@ -522,7 +534,8 @@ def _finish(job: Job, to_state: str, reason: str, now, *, exit_code: int | None,
 
 
 def _requeue(job: Job, reason: str, now, *, count_preemption: bool = False) -> None:
-    fields: dict[str, Any] = {"pending_reason": "requeued", "placed_at": None, "started_at": None}
+    fields: dict[str, Any] = {"pending_reason": "requeued", "placed_at": None, "started_at": None,
+                              "borrowing": False, "preempt_requested_at": None}
     if count_preemption:
         fields["preemption_count"] = job.preemption_count + 1
     if _transition(job, State.QUEUED, reason, from_states=list(Job.HOLDING_STATES), **fields):
@@ -578,6 +591,7 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
         fields: dict[str, Any] = {}
         if isinstance(progress.get("step"), int) and progress["step"] >= 0:
             fields["steps_done"] = progress["step"]
+            fields["progress_at"] = timezone.now()
         for source, target in [("steps_per_s", "steps_per_second"), ("samples_per_s", "samples_per_second"),
                                ("loss", "last_loss")]:
             value = progress.get(source)
@@ -642,3 +656,42 @@ def jobs_missing_on_host(host: Host, running: list[tuple[int, int]], *, grace_s:
         if job_host_lost(job_id, host, reason=f"its process is gone: the agent on {host.name} no longer runs it"):
             missing.append(job_id)
     return missing
+
+
+def job_preempt(job_id: int, reason: str) -> bool:
+    """Stop a job to free its GPUs: it checkpoints, exits and goes back to the queue, keeping its place in line.
+
+    A running job keeps its GPUs until its agent reports that it stopped (the checkpoint is written by then); a
+    placed job that has not started is requeued at once.
+    """
+    from datetime import timedelta
+
+    with transaction.atomic():
+        job = _lock_job(job_id)
+        if job is None or job.state not in Job.HOLDING_STATES:
+            return False
+        now = timezone.now()
+        if job.preempt_requested_at and now - job.preempt_requested_at < timedelta(seconds=60):
+            return False  # already asked; the agent is checkpointing
+        hosts = _job_hosts(job)
+        if job.state == State.PLACED:
+            _requeue(job, f"preempted before it started: {reason}", now, count_preemption=True)
+        else:
+            Job.objects.filter(pk=job.pk).update(preempt_requested_at=now)
+            JobEvent.objects.create(job=job, from_state=job.state, to_state="", reason=f"preemption requested: {reason}"[:500])
+        _send_preempt_after_commit(job.pk, job.attempts, hosts, reason)
+        return True
+
+
+def _send_preempt_after_commit(job_id: int, attempt: int, hosts: list[str], reason: str) -> None:
+    def send() -> None:
+        from celery import current_app
+
+        for host_name in hosts:
+            try:
+                current_app.send_task(STOP_JOB_TASK, args=[job_id, attempt, reason],
+                                      kwargs={"state": "preempted"}, queue=host_queue(host_name))
+            except Exception:  # noqa: BLE001 - the next pass asks again after a minute
+                logger.warning("could not send preemption of job %s to %s", job_id, host_name, exc_info=True)
+
+    transaction.on_commit(send)

@@ -17,12 +17,15 @@ def month_start(now: datetime) -> datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-def gpus_held(team: Team, user=None) -> int:
+def gpus_held(team: Team, user=None, *, guaranteed_only: bool = False) -> int:
+    """GPUs the team's placed and running jobs hold; `guaranteed_only` leaves out borrowed capacity."""
     from apps.jobs.models import Job
 
     jobs = Job.objects.filter(team=team, state__in=Job.HOLDING_STATES)
     if user is not None:
         jobs = jobs.filter(user=user)
+    if guaranteed_only:
+        jobs = jobs.filter(borrowing=False)
     return jobs.aggregate(total=Sum("gpus"))["total"] or 0
 
 

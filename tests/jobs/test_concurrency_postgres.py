@@ -50,7 +50,7 @@ def cluster(transactional_db):
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL: set DATABASE_URL=postgres://…")
     team = TeamFactory(slug="vision")
-    TeamQuota.objects.filter(team=team).update(max_gpus=8)
+    TeamQuota.objects.filter(team=team).update(max_gpus=8, may_borrow=False)
     users = [UserFactory(username=f"researcher{i}") for i in range(5)]
     for user in users:
         MembershipFactory(team=team, user=user)

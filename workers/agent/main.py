@@ -174,8 +174,8 @@ def celery_app(args: argparse.Namespace, runner: JobRunner) -> Celery:
         return runner.start(dispatch)
 
     @app.task(name=STOP_JOB_TASK)
-    def stop_job(job_id: int, attempt: int, reason: str) -> bool:
-        return runner.stop(job_id, attempt, reason)
+    def stop_job(job_id: int, attempt: int, reason: str, state: str = "stopped") -> bool:
+        return runner.stop(job_id, attempt, reason, state="preempted" if state == "preempted" else "stopped")
 
     return app
 
