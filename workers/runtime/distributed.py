@@ -13,6 +13,8 @@ from .env import RuntimeEnv
 
 log = logging.getLogger("workers.runtime")
 
+_control_group: dist.ProcessGroup | None = None
+
 
 def pick_device(env: RuntimeEnv) -> torch.device:
     if env.device:
@@ -41,32 +43,25 @@ def init_process_group(env: RuntimeEnv, device: torch.device) -> bool:
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10),
                             device_id=device if device.type == "cuda" else None)
+    global _control_group
+    # Control flags (e.g. "SIGTERM seen") go over a CPU group, so checking them every step does not
+    # synchronise the GPU stream.
+    _control_group = dist.new_group(backend="gloo") if backend == "nccl" else None
     log.info("rank %d/%d joined the process group (%s)", env.rank, env.world_size, backend)
     return True
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
+def any_rank(flag: bool) -> bool:
     """True if `flag` is true on any rank (every rank must call this at the same point)."""
     if not (dist.is_available() and dist.is_initialized()):
         return flag
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
     return bool(tensor.item())
 
 
-def mean_across_ranks(value: float, device: torch.device) -> float:
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return float(tensor.item()) / dist.get_world_size()
-
-
-def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def shutdown() -> None:
+    global _control_group
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _control_group = None

@@ -392,7 +392,7 @@ class Session:
         if self._warm_start is None:
             # Rates in the result leave out the first step (compilation, allocator and cache warm-up).
             self._warm_start = (time.perf_counter(), self.step, self.samples_seen)
-        stop = dist_utils.any_rank(self._stop_requested, self.device) if self.distributed \
+        stop = dist_utils.any_rank(self._stop_requested) if self.distributed \
             else self._stop_requested
         if stop:
             self._preempt()
