@@ -71,6 +71,7 @@ class LiveCluster:
             CONSOLE_ARTIFACTS=(self.base / "artifacts").as_uri(),
             CONSOLE_SCHEDULER_INTERVAL_S="1",
             CONSOLE_REAPER_INTERVAL_S="2",
+            CONSOLE_MIN_RUN_BEFORE_PREEMPT_S="0",
             CONSOLE_ADMIN_PASSWORD=ADMIN_PASSWORD,
             PYTHONUNBUFFERED="1",
         )

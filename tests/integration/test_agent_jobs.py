@@ -23,7 +23,8 @@ PY = sys.executable
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     live = LiveCluster(tmp_path_factory.mktemp("cluster"),
-                       agents={"it-a": "2xH200", "it-b": "2xH200", "it-c": "1xL40S", "it-d": "1xA100"})
+                       agents={"it-a": "2xH200", "it-b": "2xH200", "it-c": "1xL40S", "it-d": "1xA100",
+                               "it-e": "2xL4"})
     try:
         live.start()
         admin = live.admin()
@@ -182,3 +183,42 @@ def test_time_limit_stops_the_job(cluster):
     done = cluster.wait_state(cluster.time_limited["id"], {"succeeded", "failed"}, timeout=120)
     assert done["state"] == "failed"
     assert done["failure_reason"].startswith("time limit of 1 minutes exceeded")
+
+
+def test_urgent_job_preempts_a_low_one_which_resumes_from_its_checkpoint(cluster):
+    low = cluster.submit(gpus=2, gpu_type="L4", priority="low", max_steps=800,
+                         workload={"builtin": "mlp-digits", "params": {"epochs": 100, "batch_size": 32}})
+    cluster.wait_for(lambda: cluster.job(low["id"])["steps_done"] >= 30, timeout=90, what="the low job to train")
+    urgent = cluster.submit(gpus=2, gpu_type="L4", priority="urgent",
+                            workload={"command": [PY, str(SCRIPTS / "show_env.py"), "2"]})
+    assert cluster.wait_state(urgent["id"], {"succeeded", "failed"}, timeout=120)["state"] == "succeeded"
+    done = cluster.wait_state(low["id"], {"succeeded", "failed"}, timeout=240)
+    log = cluster.log(low["id"])
+    assert done["state"] == "succeeded", log
+    assert done["preemption_count"] == 1 and done["attempts"] == 2
+    resumed = re.search(r'"resumed_from_step": (\d+)', log)
+    assert resumed and int(resumed.group(1)) >= 30, log[-3000:]
+    events = cluster.admin().get(f"/api/v1/jobs/{low['id']}/events/").json()["results"]
+    reasons = [e["reason"] for e in events]
+    assert any(r.startswith("preemption requested") and f"job {urgent['id']}" in r for r in reasons), reasons
+    assert any(r.startswith("preempted on it-e") for r in reasons), reasons
+    assert [e["to_state"] for e in events if e["to_state"]] == [
+        "queued", "placed", "running", "queued", "placed", "running", "succeeded"]
+    files = {a["path"] for a in cluster.admin().get(f"/api/v1/jobs/{low['id']}/artifacts/").json()}
+    assert any(path.startswith("checkpoints/") for path in files), files
+
+
+def test_gpuctl_submit_wait_streams_the_training_log_and_exits_0(cluster, tmp_path):
+    import subprocess
+
+    env = {**os.environ, "GPUCTL_CONFIG": str(tmp_path / "gpuctl.json")}
+    login = subprocess.run([PY, "-m", "workers.cli", "login", "--url", cluster.url, "--username", "admin",
+                            "--password-stdin"], input="integration-admin-pass-42\n", env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert login.returncode == 0, login.stderr
+    submit = subprocess.run([PY, "-m", "workers.cli", "submit", "--team", "it", "--builtin", "cnn-digits",
+                             "--preset", "amp-bf16", "--gpus", "1", "--gpu-type", "H200", "--max-steps", "8",
+                             "--param", "epochs=1", "--wait"], env=env, capture_output=True, text=True, timeout=300)
+    assert submit.returncode == 0, submit.stderr + submit.stdout
+    assert "preset amp-bf16" in submit.stdout and "step 8/8" in submit.stdout
+    assert "succeeded" in submit.stderr
