@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "apps.quotas",
     "apps.cluster",
     "apps.jobs",
+    "apps.telemetry",
     "apps.dashboard",
 ]
 
