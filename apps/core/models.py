@@ -20,6 +20,8 @@ class AuditEvent(models.Model):
         USER_CHANGED = "user_changed", "user created or changed"
         TEAM_CHANGED = "team_changed", "team created or changed"
         HOST_TOKEN_CREATED = "host_token_created", "host token created"
+        QUOTA_REQUESTED = "quota_requested", "quota increase requested"
+        QUOTA_REQUEST_DECIDED = "quota_request_decided", "quota request approved or rejected"
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.ForeignKey(

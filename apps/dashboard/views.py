@@ -1,21 +1,433 @@
+"""The browser console. Permissions come from the apps' selectors; every change goes through a service."""
+
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+import logging
+from datetime import timedelta
+from typing import Any
 
-from apps.accounts.selectors import teams_visible_to
-from apps.cluster.selectors import hosts_visible_to
-from apps.jobs.selectors import jobs_visible_to
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Prefetch
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from apps.accounts import services as account_services
+from apps.accounts.models import Role
+from apps.accounts.selectors import (
+    has_role,
+    is_admin,
+    memberships_visible_to,
+    teams_visible_to,
+    teams_with_role,
+    tokens_of,
+)
+from apps.dashboard import reports
+from apps.dashboard.forms import (
+    CancelForm,
+    DecisionForm,
+    JobFilterForm,
+    JobSubmitForm,
+    MemberAddForm,
+    PeriodForm,
+    QuotaRequestForm,
+    RoleForm,
+    TokenCreateForm,
+)
+from apps.dashboard.selectors import acknowledgeable_team_ids, alerts_visible_to, cluster_overview
+from apps.dashboard.services import AlertPermissionError, alert_acknowledge
+from apps.jobs import selectors as job_selectors
+from apps.jobs import services as job_services
+from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
+from apps.jobs.models import Job, JobAllocation
+from apps.quotas.models import QuotaRequest
 from apps.quotas.selectors import team_usage
+from apps.quotas.services import QuotaRequestError, quota_ensure, quota_request_create, quota_request_decide
+from apps.telemetry.models import Alert, GpuSampleBucket
+from workers.runtime.catalog import PRESETS, WORKLOADS
+
+logger = logging.getLogger(__name__)
+LOG_TAIL_CHARS = 64_000
+JOBS_PER_PAGE = 50
+
+
+# --- overview
 
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
+    overview = cluster_overview(request.user)
     teams = list(teams_visible_to(request.user))
-    context = {
+    return render(request, "dashboard/home.html", {
+        "overview": overview,
         "usages": [team_usage(team) for team in teams],
-        "jobs": jobs_visible_to(request.user)[:20],
-        "hosts": hosts_visible_to(request.user),
+        "gpu_total": overview.busy + overview.idle + overview.down,
+        "no_team": not teams,
+        "my_teams": None if is_admin(request.user) else [team.slug for team in teams],
+    })
+
+
+# --- jobs
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    teams = list(teams_visible_to(request.user).values_list("slug", flat=True))
+    form = JobFilterForm(request.GET or None, teams=teams)
+    jobs = job_selectors.jobs_visible_to(request.user)
+    if form.is_valid():
+        data = form.cleaned_data
+        if data["state"]:
+            jobs = jobs.filter(state=data["state"])
+        if data["team"]:
+            jobs = jobs.filter(team__slug=data["team"])
+        if data["user"]:
+            jobs = jobs.filter(user__username=data["user"])
+        if data["kind"]:
+            jobs = jobs.filter(kind=data["kind"])
+    page = Paginator(jobs.order_by("-id"), JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "dashboard/job_list.html", {
+        "form": form, "page": page, "query": query.urlencode(),
+        "may_submit": teams_with_role(request.user, Role.MEMBER).exists(),
+    })
+
+
+@login_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    teams = list(teams_with_role(request.user, Role.MEMBER).values_list("slug", flat=True))
+    if not teams:
+        return render(request, "dashboard/forbidden.html",
+                      {"message": "You have no team role that may submit jobs (viewers cannot)."}, status=403)
+    form = JobSubmitForm(request.POST or None, teams=teams)
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = job_services.job_submit(user=request.user, spec=form.spec(), request=request)
+        except JobSpecError as exc:
+            form.add_spec_errors(exc.errors)
+        except JobPermissionError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Job {job.pk} submitted.")
+            return redirect("dashboard:job-detail", job_id=job.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "dashboard/job_new.html", {
+        "form": form,
+        "presets": [p.as_dict() for p in PRESETS.values()],
+        "workloads": [w.as_dict() for w in WORKLOADS.values()],
+    }, status=status)
+
+
+def _visible_job(request: HttpRequest, job_id: int) -> Job:
+    allocations = JobAllocation.objects.select_related("gpu__host").order_by("gpu__host__name", "gpu__index")
+    return get_object_or_404(
+        job_selectors.jobs_visible_to(request.user).prefetch_related(Prefetch("allocations", queryset=allocations)),
+        pk=job_id,
+    )
+
+
+def _job_history(job: Job, gpus: list[Any]) -> dict[str, list[list[Any]]]:
+    """Per GPU uuid: [[epoch s, util, memory MB, temperature, power W], ...] between placement and the end."""
+    if not gpus or job.placed_at is None and job.started_at is None:
+        return {}
+    start = job.placed_at or job.started_at
+    end = job.finished_at
+    span = ((end or start + timedelta(hours=1)) - start).total_seconds()
+    resolution = 60 if span > 2 * 3600 else 10
+    rows = GpuSampleBucket.objects.filter(gpu__in=gpus, bucket_start__gte=start - timedelta(seconds=resolution),
+                                          resolution_s=resolution)
+    if end is not None:
+        rows = rows.filter(bucket_start__lte=end)
+    series: dict[str, list[list[Any]]] = {}
+    for uuid, ts, util, mem, temp, power in rows.order_by("bucket_start").values_list(
+        "gpu__uuid", "bucket_start", "utilization_avg", "memory_used_max_mb", "temperature_max", "power_avg_w"
+    )[:20_000]:
+        series.setdefault(uuid, []).append([round(ts.timestamp()), util, mem, temp, power])
+    return series
+
+
+def _artifacts(job: Job) -> list[tuple[str, int]]:
+    from workers.runtime.artifacts import artifact_store_from_url
+
+    try:
+        return artifact_store_from_url(settings.ARTIFACT_STORE_URL).list(str(job.pk))
+    except Exception:  # noqa: BLE001 - a broken store must not break the page
+        logger.warning("could not list artifacts of job %s", job.pk, exc_info=True)
+        return []
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _visible_job(request, job_id)
+    allocations = list(job.allocations.all())
+    active = [a for a in allocations if a.released_at is None] or (allocations if job.is_final else [])
+    start = max(job.log_size - LOG_TAIL_CHARS, 0)
+    log_text, log_next = job_selectors.job_log_slice(job, start, LOG_TAIL_CHARS)
+    gpus = [a.gpu for a in active]
+    return render(request, "dashboard/job_detail.html", {
+        "job": job,
+        "allocations": active,
+        "events": list(job_selectors.job_events(job)),
+        "log_text": log_text,
+        "log_start": start,
+        "log_next": log_next,
+        "may_cancel": not job.is_final and job_selectors.can_cancel(request.user, job),
+        "history": _job_history(job, gpus),
+        "artifacts": _artifacts(job),
+        "preset": PRESETS.get(job.preset),
+        "live": {"job": job.pk, "log_next": log_next, "state": job.state, "final": job.is_final,
+                 "gpus": [g.uuid for g in gpus]},
+    })
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _visible_job(request, job_id)
+    form = CancelForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    try:
+        job_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)
+    except JobPermissionError as exc:
+        return HttpResponseForbidden(str(exc))
+    except JobStateError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Job {job.pk} cancelled.")
+    return redirect("dashboard:job-detail", job_id=job.pk)
+
+
+# --- teams and quotas
+
+
+@login_required
+def team_list(request: HttpRequest) -> HttpResponse:
+    teams = list(teams_visible_to(request.user).select_related("quota"))
+    return render(request, "dashboard/team_list.html", {
+        "rows": [(team, team_usage(team)) for team in teams],
+        "pending": QuotaRequest.objects.filter(state=QuotaRequest.State.PENDING).select_related("team")
+        if is_admin(request.user) else [],
+    })
+
+
+def _team_page(request: HttpRequest, slug: str, **forms: Any) -> HttpResponse:
+    team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+    is_manager = has_role(request.user, team, Role.MANAGER)
+    usage = team_usage(team)
+    budget_pct = None
+    if usage.gpu_hours_budget:
+        budget_pct = min(100.0, 100.0 * usage.gpu_hours_this_month / usage.gpu_hours_budget)
+    context = {
+        "team": team,
+        "quota": quota_ensure(team),
+        "usage": usage,
+        "budget_pct": budget_pct,
+        "held_pct": min(100.0, 100.0 * usage.gpus_held / usage.max_gpus) if usage.max_gpus else None,
+        "memberships": memberships_visible_to(request.user, team).order_by("user__username"),
+        "is_manager": is_manager,
+        "is_admin": is_admin(request.user),
+        "roles": Role.choices,
+        "requests": QuotaRequest.objects.filter(team=team).select_related("requested_by", "decided_by")[:20],
+        "member_form": forms.get("member_form") or MemberAddForm(),
+        "request_form": forms.get("request_form") or QuotaRequestForm(),
     }
-    return render(request, "dashboard/home.html", context)
+    return render(request, "dashboard/team_detail.html", context, status=400 if forms else 200)
+
+
+@login_required
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    return _team_page(request, slug)
+
+
+def _managed_team(request: HttpRequest, slug: str):
+    team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+    if not has_role(request.user, team, Role.MANAGER):
+        return team, HttpResponseForbidden("Only the team's managers and site admins may do this.")
+    return team, None
+
+
+@login_required
+@require_POST
+def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
+    team, refused = _managed_team(request, slug)
+    if refused:
+        return refused
+    form = MemberAddForm(request.POST)
+    if not form.is_valid():
+        return _team_page(request, slug, member_form=form)
+    account_services.membership_set(team=team, user=form.cleaned_data["username"], role=Role(form.cleaned_data["role"]),
+                                    actor=request.user, request=request)
+    messages.success(request, f"{form.cleaned_data['username'].username} is now {form.cleaned_data['role']} of {slug}.")
+    return redirect("dashboard:team-detail", slug=slug)
+
+
+@login_required
+@require_POST
+def team_member_role(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    team, refused = _managed_team(request, slug)
+    if refused:
+        return refused
+    membership = get_object_or_404(memberships_visible_to(request.user, team), user__username=username)
+    form = RoleForm(request.POST)
+    if form.is_valid():
+        account_services.membership_set(team=team, user=membership.user, role=Role(form.cleaned_data["role"]),
+                                        actor=request.user, request=request)
+        messages.success(request, f"{username} is now {form.cleaned_data['role']} of {slug}.")
+    else:
+        messages.error(request, "Choose a valid role.")
+    return redirect("dashboard:team-detail", slug=slug)
+
+
+@login_required
+@require_POST
+def team_member_remove(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    team, refused = _managed_team(request, slug)
+    if refused:
+        return refused
+    membership = get_object_or_404(memberships_visible_to(request.user, team), user__username=username)
+    account_services.membership_remove(membership=membership, actor=request.user, request=request)
+    messages.success(request, f"{username} removed from {slug}.")
+    return redirect("dashboard:team-detail", slug=slug)
+
+
+@login_required
+@require_POST
+def quota_request_new(request: HttpRequest, slug: str) -> HttpResponse:
+    team, refused = _managed_team(request, slug)
+    if refused:
+        return refused
+    form = QuotaRequestForm(request.POST)
+    if not form.is_valid():
+        return _team_page(request, slug, request_form=form)
+    try:
+        quota_request_create(team=team, requested_by=request.user, reason=form.cleaned_data["reason"],
+                             max_gpus=form.cleaned_data.get("max_gpus"),
+                             gpu_hours_per_month=form.cleaned_data.get("gpu_hours_per_month"), request=request)
+    except QuotaRequestError as exc:
+        form.add_error(None, str(exc))
+        return _team_page(request, slug, request_form=form)
+    messages.success(request, "Quota request sent to the site admins.")
+    return redirect("dashboard:team-detail", slug=slug)
+
+
+@login_required
+@require_POST
+def quota_request_decision(request: HttpRequest, slug: str, request_id: int) -> HttpResponse:
+    team = get_object_or_404(teams_visible_to(request.user), slug=slug)
+    quota_request = get_object_or_404(QuotaRequest, pk=request_id, team=team)
+    if not is_admin(request.user):
+        return HttpResponseForbidden("Only site admins may approve or reject quota requests.")
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose approve or reject.")
+        return redirect("dashboard:team-detail", slug=slug)
+    try:
+        quota_request_decide(quota_request=quota_request, approve=form.cleaned_data["decision"] == "approve",
+                             actor=request.user, note=form.cleaned_data["note"], request=request)
+    except QuotaRequestError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Quota request {request_id} {form.cleaned_data['decision']}d.")
+    return redirect("dashboard:team-detail", slug=slug)
+
+
+# --- reports
+
+
+@login_required
+def usage_report(request: HttpRequest) -> HttpResponse:
+    """Admins see every team; managers the teams they manage; anyone else gets 404 (per-user usage is theirs)."""
+    teams = list(teams_with_role(request.user, Role.MANAGER))
+    if not teams:
+        raise Http404("No report for you.")
+    form = PeriodForm(request.GET or None)
+    start, end = form.period()
+    report = reports.usage_report(teams, start, end)
+    if request.GET.get("format") == "csv":
+        response = HttpResponse(reports.report_csv(report), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="usage-{start:%Y%m%d}-{end:%Y%m%d}.csv"'
+        return response
+    chart = {
+        "labels": [r.team for r in report.teams],
+        "used": [round(r.used, 3) for r in report.teams],
+        "idle": [round(r.idle, 3) for r in report.teams],
+        "unknown": [round(r.unknown, 3) for r in report.teams],
+    }
+    query = request.GET.copy()
+    query["format"] = "csv"
+    return render(request, "dashboard/report_usage.html", {
+        "form": form, "report": report, "chart": chart, "csv_query": query.urlencode(),
+        "top_waste": report.top_waste(), "has_costs": bool(report.costs),
+    })
+
+
+# --- alerts
+
+
+@login_required
+def alert_list(request: HttpRequest) -> HttpResponse:
+    state = request.GET.get("state", "")
+    alerts = alerts_visible_to(request.user)
+    if state in Alert.State.values:
+        alerts = alerts.filter(state=state)
+    ack_teams = acknowledgeable_team_ids(request.user)
+    rows = []
+    for alert in alerts[:300]:
+        may_ack = alert.state == Alert.State.FIRING and (ack_teams is None or alert.team_id in ack_teams)
+        rows.append((alert, may_ack))
+    return render(request, "dashboard/alerts.html", {"rows": rows, "state": state, "states": Alert.State.values})
+
+
+@login_required
+@require_POST
+def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
+    alert = get_object_or_404(alerts_visible_to(request.user), pk=alert_id)
+    try:
+        changed = alert_acknowledge(alert=alert, actor=request.user)
+    except AlertPermissionError as exc:
+        return HttpResponseForbidden(str(exc))
+    if changed:
+        messages.success(request, f"Alert {alert.pk} acknowledged.")
+    else:
+        messages.info(request, f"Alert {alert.pk} was no longer firing.")
+    return redirect(reverse("dashboard:alerts") + (f"?state={request.POST['state']}"
+                                                   if request.POST.get("state") in Alert.State.values else ""))
+
+
+# --- account
+
+
+@login_required
+def tokens(request: HttpRequest) -> HttpResponse:
+    form = TokenCreateForm(request.POST or None)
+    secret = None
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            token, secret = account_services.token_create(
+                user=request.user, name=form.cleaned_data["name"],
+                expires_in_days=form.cleaned_data.get("expires_in_days"), request=request,
+            )
+            form = TokenCreateForm()
+        else:
+            status = 400
+    response = render(request, "dashboard/tokens.html", {
+        "form": form, "secret": secret, "tokens": tokens_of(request.user),
+    }, status=status)
+    if secret:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(tokens_of(request.user), pk=token_id)
+    account_services.token_revoke(token=token, actor=request.user, request=request)
+    messages.success(request, f"Token {token.name} revoked.")
+    return redirect("dashboard:tokens")

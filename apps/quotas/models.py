@@ -58,3 +58,34 @@ class UserQuota(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team}: {self.max_gpus} GPUs"
+
+
+class QuotaRequest(models.Model):
+    """A manager's request for more quota; a site admin approves (applied through quota_update) or rejects it."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        APPROVED = "approved", "approved"
+        REJECTED = "rejected", "rejected"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quota_requests")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    max_gpus = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs at once asked for (blank: unchanged).")
+    gpu_hours_per_month = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)],
+        help_text="Monthly GPU-hour budget asked for (blank: unchanged; 0: unlimited).",
+    )
+    reason = models.TextField(max_length=2000)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_note = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"quota request {self.pk} of {self.team.slug} ({self.state})"

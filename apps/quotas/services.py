@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from apps.accounts.models import Team
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
-from apps.quotas.models import TeamQuota
+from apps.quotas.models import QuotaRequest, TeamQuota
 
 QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_month", "max_priority", "allowed_gpu_types", "may_borrow", "share")
 
@@ -60,3 +60,73 @@ def _plain(value: Any) -> Any:
     from decimal import Decimal
 
     return str(value) if isinstance(value, Decimal) else value
+
+
+# --- quota requests
+
+
+class QuotaRequestError(Exception):
+    """The request does not apply: nothing asked for, already decided, or the actor may not decide it."""
+
+
+def quota_request_create(
+    *,
+    team: Team,
+    requested_by: AbstractBaseUser,
+    reason: str,
+    max_gpus: int | None = None,
+    gpu_hours_per_month: Any = None,
+    request: HttpRequest | None = None,
+) -> QuotaRequest:
+    """A manager (or admin) asks for more quota. The caller checks the manager role (through has_role)."""
+    if max_gpus is None and gpu_hours_per_month is None:
+        raise QuotaRequestError("Ask for more GPUs, more GPU-hours, or both.")
+    if not reason.strip():
+        raise QuotaRequestError("Give a reason.")
+    with transaction.atomic():
+        quota_request = QuotaRequest.objects.create(
+            team=team, requested_by=requested_by, reason=reason.strip(), max_gpus=max_gpus,
+            gpu_hours_per_month=gpu_hours_per_month,
+        )
+        audit_record(
+            AuditEvent.Action.QUOTA_REQUESTED, actor=requested_by, target=f"team {team.slug}", request=request,
+            quota_request=quota_request.pk, max_gpus=max_gpus,
+            gpu_hours_per_month=None if gpu_hours_per_month is None else _plain(gpu_hours_per_month),
+        )
+    return quota_request
+
+
+def quota_request_decide(
+    *,
+    quota_request: QuotaRequest,
+    approve: bool,
+    actor: AbstractBaseUser,
+    note: str = "",
+    request: HttpRequest | None = None,
+) -> QuotaRequest:
+    """Approve (applying the change through quota_update) or reject a pending request. Site admins only."""
+    from django.utils import timezone
+
+    if not (actor.is_active and actor.is_staff):
+        raise QuotaRequestError("Only site admins may approve or reject quota requests.")
+    with transaction.atomic():
+        locked = QuotaRequest.objects.select_for_update().select_related("team").get(pk=quota_request.pk)
+        if locked.state != QuotaRequest.State.PENDING:
+            raise QuotaRequestError(f"Quota request {locked.pk} is already {locked.state}.")
+        if approve:
+            changes: dict[str, Any] = {}
+            if locked.max_gpus is not None:
+                changes["max_gpus"] = locked.max_gpus
+            if locked.gpu_hours_per_month is not None:
+                changes["gpu_hours_per_month"] = locked.gpu_hours_per_month
+            quota_update(team=locked.team, changes=changes, actor=actor, request=request)
+        locked.state = QuotaRequest.State.APPROVED if approve else QuotaRequest.State.REJECTED
+        locked.decided_by = actor
+        locked.decided_at = timezone.now()
+        locked.decision_note = note.strip()[:500]
+        locked.save(update_fields=["state", "decided_by", "decided_at", "decision_note"])
+        audit_record(
+            AuditEvent.Action.QUOTA_REQUEST_DECIDED, actor=actor, target=f"team {locked.team.slug}", request=request,
+            quota_request=locked.pk, decision=locked.state, note=locked.decision_note,
+        )
+    return locked

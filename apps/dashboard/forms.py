@@ -1,0 +1,221 @@
+from __future__ import annotations
+
+import json
+import shlex
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from apps.accounts.models import Role
+from apps.cluster.selectors import known_gpu_types
+from apps.jobs.models import Job
+from apps.jobs.services import JobSpec
+from apps.quotas.models import Priority
+from workers.runtime.catalog import PRESETS, WORKLOADS
+
+User = get_user_model()
+
+WORKLOAD_BUILTIN = "builtin"
+WORKLOAD_COMMAND = "command"
+
+
+class JobFilterForm(forms.Form):
+    state = forms.ChoiceField(choices=[("", "any state"), *Job.State.choices], required=False)
+    team = forms.ChoiceField(choices=[("", "any team")], required=False)
+    user = forms.CharField(required=False, max_length=150, label="User")
+    kind = forms.ChoiceField(choices=[("", "any kind"), *Job.Kind.choices], required=False)
+
+    def __init__(self, *args: Any, teams: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [("", "any team")] + [(slug, slug) for slug in teams]
+
+
+class JobSubmitForm(forms.Form):
+    """What the API's JobSubmitSerializer takes, as form fields. Rules are checked by job_submit."""
+
+    name = forms.CharField(max_length=200)
+    team = forms.ChoiceField()
+    kind = forms.ChoiceField(choices=Job.Kind.choices, initial=Job.Kind.TRAIN)
+    gpus = forms.IntegerField(min_value=1, max_value=4096, initial=1, label="GPUs")
+    gpu_type = forms.ChoiceField(required=False, label="GPU type")
+    priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
+    preset = forms.ChoiceField(required=False, help_text="Blank: baseline-fp32 for training, infer-fp32 for inference.")
+    workload_mode = forms.ChoiceField(
+        choices=[(WORKLOAD_BUILTIN, "built-in workload"), (WORKLOAD_COMMAND, "command")],
+        initial=WORKLOAD_BUILTIN, widget=forms.RadioSelect, label="Run",
+    )
+    builtin = forms.ChoiceField(required=False, label="Built-in workload")
+    params = forms.CharField(
+        required=False, label="Workload parameters (JSON object)", widget=forms.Textarea(attrs={"rows": 3}),
+        help_text='For example {"epochs": 2, "hidden": 128}.',
+    )
+    command = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Command",
+        help_text="One argument per line, or a single shell-like line (split like a POSIX shell; no shell runs it).",
+    )
+    time_limit_minutes = forms.IntegerField(
+        required=False, min_value=1, max_value=settings.JOBS_MAX_TIME_LIMIT_MINUTES, label="Time limit (minutes)",
+        help_text=f"Blank: {settings.JOBS_DEFAULT_TIME_LIMIT_MINUTES} minutes.",
+    )
+    max_steps = forms.IntegerField(required=False, min_value=1, max_value=10**12, label="Max steps")
+    max_retries = forms.IntegerField(min_value=0, max_value=3, initial=0, label="Retries after a lost host")
+
+    def __init__(self, *args: Any, teams: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [(slug, slug) for slug in teams]
+        if len(teams) == 1:
+            self.fields["team"].initial = teams[0]
+        self.fields["gpu_type"].choices = [("", "any type")] + [(t, t) for t in sorted(known_gpu_types())]
+        self.fields["preset"].choices = [("", "default for the kind")] + [
+            (p.name, f"{p.name} ({p.kind})") for p in PRESETS.values()
+        ]
+        self.fields["builtin"].choices = [("", "—")] + [(w.name, w.name) for w in WORKLOADS.values()]
+
+    def clean_params(self) -> dict[str, Any]:
+        text = self.cleaned_data.get("params", "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("Give a JSON object, like {\"epochs\": 2}.")
+        return value
+
+    def clean_command(self) -> list[str]:
+        text = self.cleaned_data.get("command", "")
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            return []
+        if len(lines) > 1:
+            return [line.strip() for line in lines]
+        try:
+            return shlex.split(lines[0])
+        except ValueError as exc:
+            raise forms.ValidationError(f"Cannot split the command: {exc}.") from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        mode = data.get("workload_mode")
+        if mode == WORKLOAD_BUILTIN and not data.get("builtin"):
+            self.add_error("builtin", "Choose a built-in workload.")
+        if mode == WORKLOAD_COMMAND:
+            if "command" in data and not data["command"]:
+                self.add_error("command", "Give the command to run.")
+            if data.get("params"):
+                self.add_error("params", "Parameters apply to built-in workloads only.")
+        return data
+
+    def spec(self) -> JobSpec:
+        data = self.cleaned_data
+        if data["workload_mode"] == WORKLOAD_BUILTIN:
+            workload: dict[str, Any] = {"builtin": data["builtin"], "params": data.get("params") or {}}
+        else:
+            workload = {"command": data["command"]}
+        return JobSpec(
+            name=data["name"], kind=data["kind"], gpus=data["gpus"], workload=workload, team=data["team"],
+            gpu_type=data.get("gpu_type") or None, priority=data["priority"], preset=data.get("preset") or None,
+            max_steps=data.get("max_steps"), time_limit_minutes=data.get("time_limit_minutes"),
+            max_retries=data.get("max_retries") or 0,
+        )
+
+    def add_spec_errors(self, errors: dict[str, object]) -> None:
+        """Show job_submit's field errors (JobSpecError.errors) on the form's fields, nested workload errors too."""
+        for key, value in errors.items():
+            if key == "workload" and isinstance(value, dict):
+                for sub, messages in value.items():
+                    if sub == "params" and isinstance(messages, dict):
+                        for param, msgs in messages.items():
+                            for msg in _as_list(msgs):
+                                self.add_error("params", f"{param}: {msg}")
+                    elif sub in ("builtin", "command"):
+                        for msg in _as_list(messages):
+                            self.add_error(sub, str(msg))
+                    else:
+                        for msg in _as_list(messages):
+                            self.add_error(None, f"workload {sub}: {msg}")
+            elif key in self.fields:
+                for msg in _as_list(value):
+                    self.add_error(key, str(msg))
+            else:
+                for msg in _as_list(value):
+                    self.add_error(None, f"{key}: {msg}")
+
+
+def _as_list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(required=False, max_length=300)
+
+
+class MemberAddForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+    def clean_username(self) -> Any:
+        user = User.objects.filter(username=self.cleaned_data["username"], is_active=True).first()
+        if user is None:
+            raise forms.ValidationError("No active user with this username.")
+        return user
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class QuotaRequestForm(forms.Form):
+    max_gpus = forms.IntegerField(required=False, min_value=0, max_value=100_000, label="GPUs at once")
+    gpu_hours_per_month = forms.DecimalField(
+        required=False, min_value=0, max_digits=12, decimal_places=2, label="GPU-hours per month",
+        help_text="0 asks for an unlimited budget.",
+    )
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=2000)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("max_gpus") is None and data.get("gpu_hours_per_month") is None and not self.errors:
+            raise forms.ValidationError("Ask for more GPUs, more GPU-hours, or both.")
+        return data
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
+    note = forms.CharField(required=False, max_length=500)
+
+
+class TokenCreateForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    expires_in_days = forms.IntegerField(
+        required=False, min_value=1, max_value=3650, label="Expires in (days)",
+        help_text=f"Blank: {settings.API_TOKEN_DEFAULT_DAYS} days.",
+    )
+
+
+class PeriodForm(forms.Form):
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
+                          help_text="Inclusive.")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["end"] < data["start"]:
+            self.add_error("end", "The end is before the start.")
+        return data
+
+    def period(self) -> tuple[datetime, datetime]:
+        """[start, end) in the current timezone; default: this month so far."""
+        now = timezone.localtime()
+        data = self.cleaned_data if self.is_valid() else {}
+        first: date = data.get("start") or now.date().replace(day=1)
+        last: date | None = data.get("end")
+        tz = timezone.get_current_timezone()
+        start = datetime.combine(first, time.min, tzinfo=tz)
+        end = datetime.combine(last + timedelta(days=1), time.min, tzinfo=tz) if last else now
+        return start, end

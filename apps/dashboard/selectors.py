@@ -1,0 +1,139 @@
+"""Read-side helpers for the console pages. Permissions always come from the apps' own selectors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from apps.accounts.models import Role, Team
+from apps.accounts.selectors import AnyUser, has_role, is_admin, teams_visible_to
+from apps.cluster.models import GPU, Host
+from apps.cluster.selectors import hosts_visible_to
+from apps.jobs.models import Job, JobAllocation
+from apps.jobs.selectors import jobs_visible_to
+from apps.telemetry.models import Alert, GpuSampleBucket
+
+SPARKLINE_SECONDS = 5 * 60
+
+
+@dataclass
+class GpuCell:
+    gpu: GPU
+    host: Host
+    job_id: int | None = None
+    job_visible: bool = False
+    team: str | None = None
+    utilization: float | None = None
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+    temperature: float | None = None
+    power_w: float | None = None
+    down: bool = False
+
+    @property
+    def busy(self) -> bool:
+        return self.job_id is not None
+
+    @property
+    def status(self) -> str:
+        return "down" if self.down else ("busy" if self.busy else "idle")
+
+
+@dataclass
+class Overview:
+    hosts: list[tuple[Host, list[GpuCell]]]
+    busy: int = 0
+    idle: int = 0
+    down: int = 0
+    queue: dict[str, int] = field(default_factory=dict)
+    active_alerts: int = 0
+    history: dict[str, list[list[Any]]] = field(default_factory=dict)  # uuid -> [[ts, util], ...]
+
+
+def cluster_overview(user: AnyUser) -> Overview:
+    """Every host and GPU the user may see, with its job, team and latest telemetry; in a fixed number of queries."""
+    hosts = list(hosts_visible_to(user).order_by("name"))
+    if not hosts:
+        return Overview(hosts=[])
+    active = {
+        gpu_id: (job_id, team)
+        for gpu_id, job_id, team in JobAllocation.objects.filter(released_at__isnull=True).values_list(
+            "gpu_id", "job_id", "job__team__slug"
+        )
+    }
+    visible_job_ids = set(
+        jobs_visible_to(user).filter(pk__in={job_id for job_id, _ in active.values()}).values_list("pk", flat=True)
+    )
+    since = timezone.now() - timedelta(seconds=SPARKLINE_SECONDS)
+    latest: dict[int, dict[str, Any]] = {}
+    history: dict[int, list[list[Any]]] = {}
+    buckets = (
+        GpuSampleBucket.objects.filter(bucket_start__gte=since, resolution_s__lte=60)
+        .order_by("bucket_start")
+        .values("gpu_id", "bucket_start", "utilization_avg", "memory_used_max_mb", "memory_total_mb",
+                "temperature_max", "power_avg_w")
+    )
+    for row in buckets:
+        latest[row["gpu_id"]] = row
+        history.setdefault(row["gpu_id"], []).append(
+            [round(row["bucket_start"].timestamp()), row["utilization_avg"]]
+        )
+    overview = Overview(hosts=[])
+    for host in hosts:
+        cells = []
+        for gpu in host.gpus.all():  # prefetched by hosts_visible_to
+            job_id, team = active.get(gpu.pk, (None, None))
+            row = latest.get(gpu.pk, {})
+            cell = GpuCell(
+                gpu=gpu, host=host, job_id=job_id, job_visible=job_id in visible_job_ids, team=team,
+                utilization=row.get("utilization_avg"), memory_used_mb=row.get("memory_used_max_mb"),
+                memory_total_mb=row.get("memory_total_mb") or gpu.memory_mb, temperature=row.get("temperature_max"),
+                power_w=row.get("power_avg_w"),
+                down=host.state != Host.State.UP or gpu.health == GPU.Health.FAULTY,
+            )
+            if cell.down:
+                overview.down += 1
+            elif cell.busy:
+                overview.busy += 1
+            else:
+                overview.idle += 1
+            if gpu.pk in history:
+                overview.history[gpu.uuid] = history[gpu.pk]
+            cells.append(cell)
+        overview.hosts.append((host, cells))
+    overview.queue = dict(
+        Job.objects.filter(state=Job.State.QUEUED).values_list("team__slug").annotate(n=Count("id")).order_by(
+            "team__slug")
+    )
+    overview.active_alerts = alerts_visible_to(user).filter(state=Alert.State.FIRING).count()
+    return overview
+
+
+def alerts_visible_to(user: AnyUser) -> QuerySet[Alert]:
+    """Admins see every alert; others their teams' alerts and the cluster's hardware alerts (no team)."""
+    alerts = Alert.objects.select_related("rule", "host", "gpu", "job", "team", "acknowledged_by")
+    if is_admin(user):
+        return alerts
+    teams = teams_visible_to(user)
+    if not teams.exists():
+        return alerts.none()
+    return alerts.filter(Q(team__in=teams) | Q(team__isnull=True))
+
+
+def can_acknowledge(user: AnyUser, alert: Alert) -> bool:
+    if is_admin(user):
+        return True
+    return alert.team is not None and has_role(user, alert.team, Role.MANAGER)
+
+
+def acknowledgeable_team_ids(user: AnyUser) -> set[int] | None:
+    """Team ids whose alerts the user may acknowledge; None means every alert (admins)."""
+    if is_admin(user):
+        return None
+    return set(
+        Team.objects.filter(memberships__user=user, memberships__role=Role.MANAGER).values_list("pk", flat=True)
+    )

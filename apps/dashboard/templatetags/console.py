@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def reading(value: object, unit: str = "") -> str:
+    """A telemetry reading with its unit, or "no data" (never a made-up 0)."""
+    if value is None or value == "":
+        return "no data"
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value)
+    text = f"{number:.0f}" if abs(number) >= 10 or number == int(number) else f"{number:.1f}"
+    return f"{text}{unit}"
+
+
+@register.filter
+def hours(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.2f}"
+
+
+@register.filter
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.0f} %"
+
+
+@register.filter
+def heat(value: float | None) -> str:
+    """A CSS class for a utilization heat-map cell."""
+    if value is None:
+        return "heat-none"
+    return f"heat-{min(int(float(value) // 20), 4)}"

@@ -1,0 +1,130 @@
+/* Job page: live state, log tail, progress and GPU charts from /ws/jobs/<id>/. */
+(function () {
+  "use strict";
+  var GC = window.GC;
+  var live = GC.jsonData("job-live");
+  if (!live) { return; }
+  var history = GC.jsonData("gpu-history") || {};
+  var MAX_LOG_CHARS = 200000;
+  var LIVE_POINTS = 3600;
+  var METRICS = [["util", "Utilization (%)", 1, 0, 100], ["mem", "Memory used (MB)", 2], ["temp", "Temperature (°C)", 3],
+    ["power", "Power (W)", 4]];
+  var FINAL = ["succeeded", "failed", "cancelled"];
+
+  /* GPU charts: one canvas per metric, one line per GPU. */
+  var gpuRings = {}; /* metric -> uuid -> Ring */
+  var charts = {};
+  var uuids = live.gpus.slice();
+  Object.keys(history).forEach(function (u) { if (uuids.indexOf(u) < 0) { uuids.push(u); } });
+  var box = document.getElementById("gpu-charts");
+  METRICS.forEach(function (m) {
+    gpuRings[m[0]] = {};
+    uuids.forEach(function (u) {
+      var points = history[u] || [];
+      var ring = new GC.Ring(points.length + LIVE_POINTS);
+      points.forEach(function (p) { ring.push(p[0], p[m[2]]); });
+      gpuRings[m[0]][u] = ring;
+    });
+    if (box && uuids.length) {
+      var fig = document.createElement("figure");
+      var cap = document.createElement("figcaption");
+      cap.textContent = m[1] + (uuids.length > 1 ? " — one line per GPU" : "");
+      var canvas = document.createElement("canvas");
+      canvas.width = 460; canvas.height = 120;
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", m[1] + " of the job's GPUs over time");
+      fig.appendChild(cap); fig.appendChild(canvas); box.appendChild(fig);
+      charts[m[0]] = canvas;
+    }
+  });
+  function drawGpus() {
+    METRICS.forEach(function (m) {
+      if (!charts[m[0]]) { return; }
+      var rings = uuids.map(function (u) { return gpuRings[m[0]][u]; });
+      GC.drawLines(charts[m[0]], rings, { axis: true, min: m[3], max: m[4] });
+    });
+  }
+
+  /* Progress series, kept while the page is open. */
+  var sps = new GC.Ring(LIVE_POINTS), loss = new GC.Ring(LIVE_POINTS);
+  function drawProgress() {
+    GC.drawLines(document.getElementById("chart-sps"), [sps], { axis: true, min: 0 });
+    GC.drawLines(document.getElementById("chart-loss"), [loss], { axis: true });
+  }
+
+  var log = document.getElementById("job-log");
+  var logNext = live.log_next;
+  function appendLog(offset, data) {
+    if (offset > logNext) { fetchLog(); return; }
+    var piece = data.slice(logNext - offset);
+    if (!piece) { return; }
+    var atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    var text = log.textContent + piece;
+    if (text.length > MAX_LOG_CHARS) { text = text.slice(text.length - MAX_LOG_CHARS); }
+    log.textContent = text;
+    logNext = offset + data.length;
+    if (atBottom) { log.scrollTop = log.scrollHeight; }
+  }
+  var fetching = false;
+  function fetchLog() {
+    if (fetching) { return; }
+    fetching = true;
+    fetch("/api/v1/jobs/" + live.job + "/logs/?after=" + logNext, { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (body) { if (body && body.data) { appendLog(logNext, body.data); } })
+      .catch(function () {})
+      .then(function () { fetching = false; });
+  }
+
+  function setState(job) {
+    var el = document.getElementById("job-state");
+    if (job.state && el.textContent !== job.state) {
+      el.textContent = job.state;
+      el.className = "state state-" + job.state;
+      GC.toast("Job " + live.job + " is now " + job.state, FINAL.indexOf(job.state) >= 0 && job.state !== "succeeded" ? "warning" : "info");
+      var cancel = document.getElementById("cancel-form");
+      if (cancel && FINAL.indexOf(job.state) >= 0) { cancel.hidden = true; }
+    }
+    var pending = document.getElementById("job-pending");
+    pending.hidden = job.state !== "queued";
+    if (job.pending_reason !== undefined) {
+      document.getElementById("job-pending-reason").textContent = job.pending_reason || "—";
+    }
+    if (job.steps_done !== undefined) { document.getElementById("job-steps").textContent = job.steps_done; }
+  }
+
+  function onProgress(msg) {
+    var t = msg.ts || Date.now() / 1000;
+    sps.push(t, msg.steps_per_s);
+    loss.push(t, msg.loss);
+    if (msg.step !== undefined && msg.step !== null) { document.getElementById("job-steps").textContent = msg.step; }
+    document.getElementById("job-sps").textContent = GC.reading(msg.steps_per_s);
+    document.getElementById("job-loss").textContent = msg.loss === null || msg.loss === undefined ? "no data" : GC.fmt(msg.loss);
+    drawProgress();
+  }
+
+  function onSample(msg) {
+    (msg.gpus || []).forEach(function (g) {
+      if (uuids.indexOf(g.uuid) < 0) { return; }
+      var t = g.ts || msg.ts;
+      gpuRings.util[g.uuid].push(t, g.utilization_pct);
+      gpuRings.mem[g.uuid].push(t, g.memory_used_mb);
+      gpuRings.temp[g.uuid].push(t, g.temperature_c);
+      gpuRings.power[g.uuid].push(t, g.power_w);
+    });
+    if (!pendingDraw) { pendingDraw = true; requestAnimationFrame(function () { pendingDraw = false; drawGpus(); }); }
+  }
+  var pendingDraw = false;
+
+  drawGpus();
+  drawProgress();
+  log.scrollTop = log.scrollHeight;
+  if (!live.final) {
+    GC.connect("/ws/jobs/" + live.job + "/", function (msg) {
+      if (msg.type === "job.state" && msg.job) { setState(msg.job); }
+      else if (msg.type === "job.log") { appendLog(msg.offset, msg.data || ""); }
+      else if (msg.type === "job.progress") { onProgress(msg); }
+      else if (msg.type === "gpu.sample") { onSample(msg); }
+    }, document.getElementById("live-status"));
+  }
+})();

@@ -1,0 +1,131 @@
+/* Cluster overview: live GPU cells and sparklines from /ws/cluster/. */
+(function () {
+  "use strict";
+  var GC = window.GC;
+  var WINDOW_S = 15 * 60;
+  var CAPACITY = WINDOW_S; /* one sample a second at most: a fixed-size buffer per GPU */
+  var cells = {};
+  var rings = {};
+  var dirty = {};
+  var myTeams = GC.jsonData("my-teams"); /* null: admin, sees every job */
+  var history = GC.jsonData("gpu-history") || {};
+
+  document.querySelectorAll("li.gpu[data-uuid]").forEach(function (el) {
+    var uuid = el.dataset.uuid;
+    cells[uuid] = el;
+    rings[uuid] = new GC.Ring(CAPACITY);
+    (history[uuid] || []).forEach(function (p) { rings[uuid].push(p[0], p[1]); });
+    dirty[uuid] = true;
+  });
+
+  function heat(v) {
+    if (v === null || v === undefined) { return "heat-none"; }
+    return "heat-" + Math.min(Math.floor(v / 20), 4);
+  }
+
+  function setField(el, name, text) {
+    var f = el.querySelector('[data-f="' + name + '"]');
+    if (f && f.textContent !== text) { f.textContent = text; }
+  }
+
+  function jobText(el, g) {
+    var f = el.querySelector('[data-f="job"]');
+    if (!f) { return; }
+    var key = (g.job || "") + "|" + (g.team || "");
+    if (f.dataset.key === key) { return; }
+    f.dataset.key = key;
+    f.textContent = "";
+    if (!g.job) { f.textContent = "idle"; return; }
+    if (myTeams === null || (g.team && myTeams.indexOf(g.team) >= 0)) {
+      var a = document.createElement("a");
+      a.href = "/jobs/" + encodeURIComponent(g.job) + "/";
+      a.textContent = "job " + g.job;
+      f.appendChild(a);
+    } else {
+      f.appendChild(document.createTextNode("a job"));
+    }
+    f.appendChild(document.createTextNode(" · " + (g.team || "")));
+  }
+
+  function onSample(msg) {
+    var busy = 0, idle = 0, down = 0, seen = 0;
+    (msg.gpus || []).forEach(function (g) {
+      var el = cells[g.uuid];
+      var isDown = g.available === false || g.health === "faulty";
+      if (isDown) { down++; } else if (g.job) { busy++; } else { idle++; }
+      if (!el) { return; }
+      seen++;
+      setField(el, "util", GC.reading(g.utilization_pct, " %"));
+      setField(el, "mem", g.memory_used_mb === null || g.memory_used_mb === undefined ? "no data"
+        : GC.reading(g.memory_used_mb) + "/" + GC.reading(g.memory_total_mb) + " MB");
+      setField(el, "temp", GC.reading(g.temperature_c, " °C"));
+      setField(el, "power", GC.reading(g.power_w, " W"));
+      jobText(el, g);
+      var cls = "gpu " + heat(g.utilization_pct) + " status-" + (isDown ? "down" : g.job ? "busy" : "idle");
+      if (el.className !== cls) { el.className = cls; }
+      var head = el.querySelector(".gpu-head .health");
+      if (g.health && g.health !== "ok") {
+        if (!head) {
+          head = document.createElement("span");
+          el.querySelector(".gpu-head").appendChild(head);
+        }
+        head.className = "health health-" + g.health;
+        head.textContent = g.health;
+      } else if (head) { head.parentNode.removeChild(head); }
+      rings[g.uuid].push(g.ts || msg.ts || Date.now() / 1000, g.utilization_pct);
+      dirty[g.uuid] = true;
+    });
+    if (seen && (msg.gpus || []).length >= Object.keys(cells).length) {
+      document.getElementById("t-busy").textContent = busy;
+      document.getElementById("t-idle").textContent = idle;
+      document.getElementById("t-down").textContent = down;
+    }
+    schedule();
+  }
+
+  var pending = false;
+  function schedule() {
+    if (pending) { return; }
+    pending = true;
+    requestAnimationFrame(function () {
+      pending = false;
+      Object.keys(dirty).forEach(function (uuid) {
+        var canvas = cells[uuid] && cells[uuid].querySelector("canvas.spark");
+        if (canvas) { GC.drawLines(canvas, [rings[uuid]], { min: 0, max: 100, windowS: WINDOW_S }); }
+      });
+      dirty = {};
+    });
+  }
+
+  function onQueue(msg) {
+    var box = document.getElementById("t-queue");
+    if (!box) { return; }
+    box.textContent = "";
+    var teams = Object.keys(msg.teams || {}).sort();
+    teams.forEach(function (slug) {
+      if (!msg.teams[slug]) { return; }
+      var chip = document.createElement("span");
+      chip.className = "chip";
+      chip.textContent = slug + " " + msg.teams[slug];
+      box.appendChild(chip);
+      box.appendChild(document.createTextNode(" "));
+    });
+    if (!box.childNodes.length) { box.textContent = "empty"; }
+  }
+
+  function onAlert(msg) {
+    GC.alertToast(msg.alert);
+    var count = document.getElementById("t-alerts");
+    if (count && msg.alert && msg.alert.state === "firing") { count.textContent = String(parseInt(count.textContent, 10) + 1); }
+    else if (count && msg.alert && msg.alert.state !== "firing") { count.textContent = String(Math.max(0, parseInt(count.textContent, 10) - 1)); }
+  }
+
+  schedule();
+  if (Object.keys(cells).length || document.getElementById("t-busy")) {
+    GC.connect("/ws/cluster/", function (msg) {
+      if (msg.type === "gpu.sample") { onSample(msg); }
+      else if (msg.type === "queue") { onQueue(msg); }
+      else if (msg.type === "alert") { onAlert(msg); }
+    }, document.getElementById("live-status"));
+  }
+})();
