@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (routes added by the telemetry app)."""
+"""ASGI entry point: HTTP through Django, websockets through Channels (session or ticket, Origin checked)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from apps.telemetry.ws_auth import websocket_auth  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": websocket_auth(URLRouter(websocket_urlpatterns)),
     }
 )

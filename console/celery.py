@@ -21,3 +21,4 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
         float(settings.SCHEDULER_PASS_INTERVAL_S), sender.signature("jobs.scheduler_pass"), name="scheduler pass"
     )
     sender.add_periodic_task(float(settings.REAPER_INTERVAL_S), sender.signature("jobs.reap"), name="reaper")
+    sender.add_periodic_task(60.0, sender.signature("telemetry.housekeeping"), name="telemetry housekeeping")

@@ -143,6 +143,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SCHEDULER_PASS_INTERVAL_S = env_int("CONSOLE_SCHEDULER_INTERVAL_S", 5, minimum=1)
 REAPER_INTERVAL_S = env_int("CONSOLE_REAPER_INTERVAL_S", 10, minimum=1)
+TELEMETRY_KEEP_10S_HOURS = env_int("CONSOLE_TELEMETRY_KEEP_10S_HOURS", 24, minimum=1)
+TELEMETRY_KEEP_1M_DAYS = env_int("CONSOLE_TELEMETRY_KEEP_1M_DAYS", 31, minimum=1)
+# Bearer token Prometheus presents at /metrics (admins' sessions and API tokens work too).
+METRICS_TOKEN = env_str("CONSOLE_METRICS_TOKEN", None)
 # The scheduling policy (apps.scheduling.config.PolicyConfig): "console" (priorities with preemption, quota
 # guarantees with borrowing, fair share, shortest predicted remaining time with aging, gang placement), or
 # "fifo", "fifo-backfill", "fair-share".

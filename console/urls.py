@@ -11,6 +11,8 @@ from apps.core import views as core_views
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
 from apps.quotas import api as quotas_api
+from apps.telemetry import api as telemetry_api
+from apps.telemetry import metrics as telemetry_metrics
 
 router = DefaultRouter()
 router.register("users", accounts_api.UserViewSet, basename="user")
@@ -19,6 +21,8 @@ router.register("tokens", accounts_api.TokenViewSet, basename="token")
 router.register("hosts", cluster_api.HostViewSet, basename="host")
 router.register("jobs", jobs_api.JobViewSet, basename="job")
 router.register("audit", core_views.AuditEventViewSet, basename="audit")
+router.register("alerts", telemetry_api.AlertViewSet, basename="alert")
+router.register("alert-rules", telemetry_api.AlertRuleViewSet, basename="alert-rule")
 
 api_v1 = [
     path("auth/token/", accounts_api.ObtainTokenView.as_view(), name="auth-token"),
@@ -30,6 +34,8 @@ api_v1 = [
     path("workloads/", jobs_api.WorkloadsView.as_view(), name="workloads"),
     path("agent/register/", cluster_agent_api.RegisterView.as_view(), name="agent-register"),
     path("agent/heartbeat/", cluster_agent_api.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/telemetry/", telemetry_api.TelemetryIngestView.as_view(), name="agent-telemetry"),
+    path("ws-ticket/", telemetry_api.WsTicketView.as_view(), name="ws-ticket"),
     path("agent/jobs/<int:job_id>/status/", jobs_agent_api.JobStatusView.as_view(), name="agent-job-status"),
     path("agent/jobs/<int:job_id>/logs/", jobs_agent_api.JobLogView.as_view(), name="agent-job-logs"),
     path("agent/jobs/<int:job_id>/progress/", jobs_agent_api.JobProgressView.as_view(), name="agent-job-progress"),
@@ -38,6 +44,7 @@ api_v1 = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", telemetry_metrics.metrics_view, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_v1)),

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from django.conf import settings
@@ -70,6 +71,7 @@ def membership_set(
             membership.role = role
             membership.save(update_fields=["role"])
         if created or old_role != role:
+            notify_access_changed(user.pk)
             audit_record(
                 AuditEvent.Action.ROLE_CHANGED,
                 actor=actor,
@@ -81,8 +83,25 @@ def membership_set(
     return membership
 
 
+def notify_access_changed(user_id: int) -> None:
+    """After commit, tell the user's open websockets to re-check what they may see (and close if nothing)."""
+
+    def send() -> None:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is not None:
+            # Best effort: sockets also re-check on their own every few seconds.
+            with contextlib.suppress(Exception):
+                async_to_sync(layer.group_send)(f"user.{user_id}", {"type": "access.changed"})
+
+    transaction.on_commit(send)
+
+
 def membership_remove(*, membership: Membership, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
     with transaction.atomic():
+        notify_access_changed(membership.user_id)
         target = f"{membership.user.get_username()} in {membership.team.slug}"
         old_role = membership.role
         membership.delete()

@@ -67,6 +67,10 @@ class HeartbeatView(AgentView):
         form.is_valid(raise_exception=True)
         host = request.auth
         came_back = host_heartbeat(host)
+        if came_back:
+            from apps.telemetry.alerts import check_hosts
+
+            check_hosts([], [host])
         running = [(job_id, attempt) for job_id, attempt in form.validated_data["running"]]
         jobs_missing_on_host(host, running)
         return Response({"stop": jobs_to_stop_on_host(host, running), "came_back": came_back})

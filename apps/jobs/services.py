@@ -606,7 +606,12 @@ def jobs_on_lost_hosts() -> list[tuple[int, str]]:
     from apps.cluster.services import hosts_mark_lost
 
     outcomes = []
-    for host in hosts_mark_lost():
+    lost = hosts_mark_lost()
+    if lost:
+        from apps.telemetry.alerts import check_hosts
+
+        check_hosts(lost, [])
+    for host in lost:
         job_ids = (
             Job.objects.filter(state__in=Job.HOLDING_STATES, allocations__gpu__host=host,
                                allocations__released_at__isnull=True)
@@ -695,3 +700,20 @@ def _send_preempt_after_commit(job_id: int, attempt: int, hosts: list[str], reas
                 logger.warning("could not send preemption of job %s to %s", job_id, host_name, exc_info=True)
 
     transaction.on_commit(send)
+
+
+def job_release(job_id: int, reason: str) -> bool:
+    """Stop a job by policy (no user acts): it gets SIGTERM, so the runtime checkpoints, and ends cancelled."""
+    with transaction.atomic():
+        job = _lock_job(job_id)
+        if job is None or job.state not in ACTIVE_STATES:
+            return False
+        was_holding = job.state in Job.HOLDING_STATES
+        now = timezone.now()
+        hosts = _job_hosts(job) if was_holding else []
+        _transition(job, State.CANCELLED, reason, from_states=ACTIVE_STATES, finished_at=now)
+        if was_holding:
+            _release(job, now)
+            _send_stop_after_commit(job.pk, job.attempts, hosts, reason)
+            request_scheduler_pass()
+        return True

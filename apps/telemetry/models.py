@@ -83,6 +83,10 @@ class AlertRule(models.Model):
     enabled = models.BooleanField(default=True)
     notify_email = models.BooleanField(default=True)
     webhook_url = models.URLField(blank=True)
+    teams = models.ManyToManyField(
+        Team, blank=True, related_name="+",
+        help_text="Teams whose jobs the action applies to (e.g. releasing idle jobs); empty means every team.",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -72,5 +72,8 @@ class ConsoleClient:
     def log(self, job_id: int, attempt: int, data: str) -> None:
         self._post_retrying(f"jobs/{job_id}/logs/", {"attempt": attempt, "data": data}, attempts=5)
 
+    def telemetry(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return self._post("telemetry/", batch)
+
     def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
         self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "progress": progress})

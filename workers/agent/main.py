@@ -20,6 +20,7 @@ from celery.signals import worker_shutdown
 
 from workers.agent.client import AgentConfigError, ConsoleClient
 from workers.agent.runner import JobProcess, JobRunner, kill_leftover_jobs
+from workers.agent.telemetry import TelemetryLoop
 from workers.protocol import (
     HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gpu-agent: the console refused this agent: {exc}") from None
     threading.Thread(target=heartbeat_loop, args=(client, runner, message, stop), name="heartbeat",
                      daemon=True).start()
+    TelemetryLoop(backend, client.telemetry, runner.job_roots).start()
 
     @worker_shutdown.connect(weak=False)
     def _on_shutdown(**_: object) -> None:

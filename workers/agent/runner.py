@@ -145,6 +145,11 @@ class JobRunner:
         with self._lock:
             return list(self._jobs)
 
+    def job_roots(self) -> dict[int, int]:
+        """pid of each running job's shim -> job id."""
+        with self._lock:
+            return {job.process.pid: job.dispatch.job_id for job in self._jobs.values() if job.process}
+
     def start(self, dispatch: Dispatch) -> str:
         """Start a dispatched job. Returns "started", "duplicate" or "refused"; never raises for a bad job."""
         job = JobProcess(dispatch, self._workdir(dispatch))

@@ -1,0 +1,332 @@
+"""Alert rules over telemetry: conditions held for a duration fire alerts, alerts feed back into the cluster.
+
+A hot GPU is marked so that the scheduler places nothing new on it (and its job can be checkpointed and moved);
+a faulty one (XID) likewise until an admin clears it; an idle job is warned, and released where the rule says.
+Condition start times live in the Django cache, so several ASGI processes agree on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.cluster.models import GPU, Host
+from apps.telemetry.models import Alert, AlertRule
+
+logger = logging.getLogger(__name__)
+RULES_TTL_S = 5.0
+PENDING_TTL_S = 3600
+TEMPERATURE_HYSTERESIS_C = 3.0
+GPU_KINDS = (AlertRule.Kind.GPU_TEMPERATURE, AlertRule.Kind.GPU_MEMORY, AlertRule.Kind.GPU_NO_DATA,
+             AlertRule.Kind.JOB_IDLE)
+
+
+@dataclass
+class RuleView:
+    id: int
+    name: str
+    kind: str
+    threshold: float
+    duration_s: int
+    action: str
+    severity: str
+    team_ids: frozenset[int]
+
+
+class _Rules:
+    def __init__(self) -> None:
+        self.loaded_at = 0.0
+        self.rules: list[RuleView] = []
+        self.open: set[tuple[int, str]] = set()
+        self.lock = threading.Lock()
+
+    def load(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self.loaded_at < RULES_TTL_S:
+            return
+        rules = [
+            RuleView(r.pk, r.name, r.kind, r.threshold, r.duration_s, r.action, r.severity,
+                     frozenset(r.teams.values_list("pk", flat=True)))
+            for r in AlertRule.objects.filter(enabled=True).prefetch_related("teams")
+        ]
+        open_alerts = set(Alert.objects.exclude(state=Alert.State.RESOLVED).values_list("rule_id", "subject"))
+        with self.lock:
+            self.rules, self.open, self.loaded_at = rules, open_alerts, time.monotonic()
+
+    def of_kind(self, *kinds: str) -> list[RuleView]:
+        self.load()
+        return [rule for rule in self.rules if rule.kind in kinds]
+
+
+rules = _Rules()
+
+
+def reload_rules() -> None:
+    rules.load(force=True)
+
+
+def _pending_key(rule_id: int, subject: str) -> str:
+    return f"alert:pending:{rule_id}:{subject}"
+
+
+def _gpu_condition(rule: RuleView, gpu: dict[str, Any]) -> tuple[bool, bool, float | None]:
+    """(condition holds, condition clearly cleared, value) for one GPU sample."""
+    if rule.kind == AlertRule.Kind.GPU_NO_DATA:
+        return not gpu["available"], gpu["available"], None
+    if not gpu["available"]:
+        return False, False, None
+    if rule.kind == AlertRule.Kind.GPU_TEMPERATURE:
+        temp = gpu["temperature_c"]
+        if temp is None:
+            return False, False, None
+        return temp >= rule.threshold, temp < rule.threshold - TEMPERATURE_HYSTERESIS_C, temp
+    if rule.kind == AlertRule.Kind.GPU_MEMORY:
+        used, total = gpu["memory_used_mb"], gpu["memory_total_mb"]
+        if not used or not total:
+            return False, True, None
+        percent = 100.0 * used / total
+        return percent >= rule.threshold, percent < rule.threshold, percent
+    if rule.kind == AlertRule.Kind.JOB_IDLE:
+        util = gpu["utilization_pct"]
+        if gpu["job"] is None or util is None:
+            return False, True, None
+        return util < rule.threshold, util >= rule.threshold, util
+    return False, False, None
+
+
+def _subject(rule: RuleView, gpu: dict[str, Any]) -> str:
+    return f"job:{gpu['job']}" if rule.kind == AlertRule.Kind.JOB_IDLE else f"gpu:{gpu['uuid']}"
+
+
+def evaluate_gpu_samples(host: Host, gpus: list[dict[str, Any]], maps: Any, now: float) -> None:
+    active = rules.of_kind(*GPU_KINDS)
+    if not active:
+        return
+    keys = {(rule.id, gpu["uuid"]): _pending_key(rule.id, f"{_subject(rule, gpu)}:{gpu['uuid']}")
+            for rule in active for gpu in gpus}
+    pending = cache.get_many(list(keys.values()))
+    started, cleared = {}, []
+    for rule in active:
+        for gpu in gpus:
+            holds, clear, value = _gpu_condition(rule, gpu)
+            key = keys[(rule.id, gpu["uuid"])]
+            subject = _subject(rule, gpu)
+            if holds:
+                since = pending.get(key)
+                if since is None:
+                    started[key] = since = now
+                if now - since >= rule.duration_s and (rule.id, subject) not in rules.open:
+                    _fire_for_gpu(rule, host, gpu, maps, subject, value)
+            else:
+                if key in pending:
+                    cleared.append(key)
+                if clear and (rule.id, subject) in rules.open:
+                    resolve(rule.id, subject, f"{rule.name}: cleared")
+    if started:
+        cache.set_many(started, timeout=PENDING_TTL_S)
+    if cleared:
+        cache.delete_many(cleared)
+
+
+def _describe(rule: RuleView, host: Host, gpu: dict[str, Any], value: float | None) -> str:
+    where = f"{host.name}:{gpu['index']} ({gpu['gpu_type']})"
+    if rule.kind == AlertRule.Kind.GPU_TEMPERATURE:
+        return f"GPU {where} at {value:.0f} °C for {rule.duration_s} s (threshold {rule.threshold:.0f} °C)"
+    if rule.kind == AlertRule.Kind.GPU_MEMORY:
+        return f"GPU {where} memory {value:.0f} % full for {rule.duration_s} s"
+    if rule.kind == AlertRule.Kind.GPU_NO_DATA:
+        return f"GPU {where} is not answering ({gpu.get('error') or 'no data'}) for {rule.duration_s} s"
+    return (f"job {gpu['job']} idle on GPU {where}: {value:.0f} % utilization for {rule.duration_s // 60} min "
+            f"(threshold {rule.threshold:.0f} %)")
+
+
+def _fire_for_gpu(rule: RuleView, host: Host, gpu: dict[str, Any], maps: Any, subject: str, value: float | None):
+    info = maps.gpus[gpu["uuid"]]
+    job_id = gpu["job"]
+    team_id = None
+    if job_id is not None:
+        from apps.jobs.models import Job
+
+        team_id = Job.objects.filter(pk=job_id).values_list("team_id", flat=True).first()
+    return fire(rule, subject, _describe(rule, host, gpu, value), value=value, host_id=host.pk,
+                gpu_id=info.gpu_id, job_id=job_id, team_id=team_id)
+
+
+def fire(rule: RuleView | AlertRule, subject: str, message: str, *, value: float | None = None,
+         host_id: int | None = None, gpu_id: int | None = None, job_id: int | None = None,
+         team_id: int | None = None) -> Alert | None:
+    """Open an alert (once per rule and subject) and apply the rule's action. None if one is already open."""
+    try:
+        with transaction.atomic():
+            alert = Alert.objects.create(rule_id=rule.id if isinstance(rule, RuleView) else rule.pk,
+                                         subject=subject[:120], message=message[:500], value=value,
+                                         host_id=host_id, gpu_id=gpu_id, job_id=job_id, team_id=team_id)
+            _apply_action(rule, alert)
+            transaction.on_commit(lambda: _notify_later(alert.pk))
+    except IntegrityError:
+        rules.open.add((alert_rule_id(rule), subject))
+        return None
+    rules.open.add((alert_rule_id(rule), subject))
+    logger.warning("alert fired: %s", message)
+    return alert
+
+
+def alert_rule_id(rule: RuleView | AlertRule) -> int:
+    return rule.id if isinstance(rule, RuleView) else rule.pk
+
+
+def _apply_action(rule: RuleView | AlertRule, alert: Alert) -> None:
+    action = rule.action
+    if action in (AlertRule.Action.MARK_HOT, AlertRule.Action.CHECKPOINT_JOB) and alert.gpu_id:
+        GPU.objects.filter(pk=alert.gpu_id, health=GPU.Health.OK).update(
+            health=GPU.Health.HOT, health_reason=f"alert {alert.pk}: {alert.message}"[:200])
+    if action == AlertRule.Action.MARK_FAULTY and alert.gpu_id:
+        GPU.objects.filter(pk=alert.gpu_id).exclude(health=GPU.Health.FAULTY).update(
+            health=GPU.Health.FAULTY, health_reason=f"alert {alert.pk}: {alert.message}"[:200])
+    if alert.job_id and action == AlertRule.Action.CHECKPOINT_JOB:
+        from apps.jobs.services import job_preempt
+
+        job_preempt(alert.job_id, f"its GPU needs attention: {alert.message}")
+    if alert.job_id and action == AlertRule.Action.RELEASE_JOB:
+        team_ids = rule.team_ids if isinstance(rule, RuleView) else frozenset(rule.teams.values_list("pk", flat=True))
+        if not team_ids or alert.team_id in team_ids:
+            from apps.jobs.services import job_release
+
+            job_release(alert.job_id, f"released by policy: {alert.message}")
+
+
+def fire_xid(host: Host, gpu_id: int, xid: int, ts: float) -> None:
+    for rule in rules.of_kind(AlertRule.Kind.GPU_XID):
+        gpu = GPU.objects.filter(pk=gpu_id).values("index", "gpu_type", "uuid").first()
+        from workers.agent.gpus import XID_DESCRIPTIONS
+
+        what = XID_DESCRIPTIONS.get(xid, "see NVIDIA's XID catalogue")
+        from apps.jobs.models import JobAllocation
+
+        allocation = (JobAllocation.objects.filter(gpu_id=gpu_id, released_at__isnull=True)
+                      .values("job_id", "job__team_id").first())
+        fire(rule, f"gpu:{gpu['uuid']}", f"XID {xid} on GPU {host.name}:{gpu['index']} ({gpu['gpu_type']}): {what}",
+             value=float(xid), host_id=host.pk, gpu_id=gpu_id,
+             job_id=allocation["job_id"] if allocation else None,
+             team_id=allocation["job__team_id"] if allocation else None)
+
+
+def resolve(rule_id: int, subject: str, note: str = "") -> int:
+    """Resolve the open alert of a rule and subject; undo a hot mark it set. Returns alerts resolved."""
+    with transaction.atomic():
+        open_alerts = list(Alert.objects.select_for_update().filter(rule_id=rule_id, subject=subject)
+                           .exclude(state=Alert.State.RESOLVED))
+        for alert in open_alerts:
+            Alert.objects.filter(pk=alert.pk).update(state=Alert.State.RESOLVED, resolved_at=timezone.now())
+            if alert.gpu_id:
+                GPU.objects.filter(pk=alert.gpu_id, health=GPU.Health.HOT,
+                                   health_reason__startswith=f"alert {alert.pk}:").update(
+                    health=GPU.Health.OK, health_reason="")
+    rules.open.discard((rule_id, subject))
+    if open_alerts:
+        logger.info("alert resolved: %s %s", subject, note)
+    return len(open_alerts)
+
+
+def acknowledge(alert: Alert, user: Any) -> bool:
+    return bool(Alert.objects.filter(pk=alert.pk, state=Alert.State.FIRING).update(
+        state=Alert.State.ACKNOWLEDGED, acknowledged_at=timezone.now(), acknowledged_by=user))
+
+
+def resolve_by_hand(alert: Alert, user: Any) -> bool:
+    """An admin closes an alert (e.g. after replacing a faulty GPU): the GPU takes work again."""
+    with transaction.atomic():
+        changed = Alert.objects.filter(pk=alert.pk).exclude(state=Alert.State.RESOLVED).update(
+            state=Alert.State.RESOLVED, resolved_at=timezone.now())
+        if changed and alert.gpu_id:
+            GPU.objects.filter(pk=alert.gpu_id, health_reason__startswith=f"alert {alert.pk}:").update(
+                health=GPU.Health.OK, health_reason="")
+    rules.open.discard((alert.rule_id, alert.subject))
+    return bool(changed)
+
+
+# --- host and job checks run periodically (Celery beat)
+
+
+def check_hosts(lost: list[Host], back: list[Host]) -> None:
+    for rule in rules.of_kind(AlertRule.Kind.HOST_HEARTBEAT):
+        for host in lost:
+            fire(rule, f"host:{host.name}", f"host {host.name} missed heartbeats for {rule.duration_s} s: marked down",
+                 host_id=host.pk)
+        for host in back:
+            resolve(rule.id, f"host:{host.name}", "heartbeats resumed")
+
+
+def check_overrunning_jobs(now: float | None = None) -> int:
+    """Running jobs past their expected end (declared steps at the observed step rate), by the rule's ratio."""
+    from apps.jobs.models import Job
+
+    fired = 0
+    now = now or time.time()
+    for rule in rules.of_kind(AlertRule.Kind.JOB_OVERRUN):
+        ratio = rule.threshold or 1.0
+        running = Job.objects.filter(state=Job.State.RUNNING, max_steps__isnull=False,
+                                     steps_per_second__gt=0, started_at__isnull=False)
+        for job in running.only("pk", "team_id", "max_steps", "steps_per_second", "started_at", "steps_done"):
+            expected_s = job.max_steps / job.steps_per_second
+            elapsed = now - job.started_at.timestamp()
+            if elapsed > expected_s * ratio + 60 and job.steps_done < job.max_steps:
+                alert = fire(rule, f"job:{job.pk}",
+                             f"job {job.pk} has run {elapsed / 60:.0f} min, past its expected {expected_s / 60:.0f} min",
+                             job_id=job.pk, team_id=job.team_id, value=elapsed)
+                fired += bool(alert)
+    return fired
+
+
+def resolve_alerts_of_finished_jobs() -> int:
+    from apps.jobs.models import Job
+
+    open_job_alerts = Alert.objects.exclude(state=Alert.State.RESOLVED).filter(
+        job__state__in=[*Job.FINAL_STATES, Job.State.QUEUED], subject__startswith="job:")
+    return sum(resolve(rule_id, subject, "job ended") for rule_id, subject in
+               open_job_alerts.values_list("rule_id", "subject"))
+
+
+def _notify_later(alert_id: int) -> None:
+    try:
+        from apps.telemetry.tasks import notify_alert
+
+        notify_alert.delay(alert_id)
+    except Exception:  # noqa: BLE001 - a broker outage must not lose the alert itself
+        logger.warning("could not queue the notification of alert %s", alert_id, exc_info=True)
+
+
+def notify(alert_id: int) -> dict[str, int]:
+    """E-mail the job's owner and the admins, and call the rule's webhook."""
+    from django.contrib.auth import get_user_model
+    from django.core.mail import send_mail
+
+    alert = Alert.objects.select_related("rule", "job__user").filter(pk=alert_id).first()
+    if alert is None:
+        return {"emails": 0, "webhooks": 0}
+    sent = {"emails": 0, "webhooks": 0}
+    if alert.rule.notify_email:
+        recipients = set(get_user_model().objects.filter(is_staff=True, is_active=True).exclude(email="")
+                         .values_list("email", flat=True))
+        if alert.job and alert.job.user.email:
+            recipients.add(alert.job.user.email)
+        if recipients:
+            sent["emails"] = send_mail(f"[GPU console] {alert.rule.severity}: {alert.rule.name}", alert.message,
+                                       None, sorted(recipients), fail_silently=True)
+    if alert.rule.webhook_url:
+        import httpx
+
+        payload = {"id": alert.pk, "rule": alert.rule.name, "severity": alert.rule.severity, "state": alert.state,
+                   "message": alert.message, "job": alert.job_id, "started_at": alert.started_at.isoformat()}
+        try:
+            httpx.post(alert.rule.webhook_url, json=payload, timeout=5).raise_for_status()
+            sent["webhooks"] = 1
+        except httpx.HTTPError as exc:
+            logger.warning("webhook for alert %s failed: %s", alert.pk, exc)
+    return sent

@@ -1,0 +1,107 @@
+"""Websockets: /ws/cluster/ (every GPU you may see, about once a second, plus job, queue and alert events) and
+/ws/jobs/<id>/ (one job: state, log lines, progress, its GPUs). Close codes: 4401 not logged in, 4403 no access,
+4404 no such job (or not yours)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from apps.telemetry.hub import Outgoing, cancel_task, hub
+
+
+class LiveConsumer(AsyncWebsocketConsumer):
+    job_id: int | None = None
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.user_id = user.pk
+        if not await self.recheck_access(initial=True):
+            return
+        self.outgoing = Outgoing()
+        await self.accept()
+        await self.channel_layer.group_add(f"user.{self.user_id}", self.channel_name)
+        self.sender = asyncio.get_running_loop().create_task(self._send_forever())
+        hub.add(self)
+
+    async def disconnect(self, code: int) -> None:
+        hub.discard(self)
+        await cancel_task(getattr(self, "sender", None))
+        if hasattr(self, "user_id"):
+            await self.channel_layer.group_discard(f"user.{self.user_id}", self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data and text_data.strip() == '{"type": "ping"}':
+            await self.send(text_data='{"type": "pong"}')
+
+    async def access_changed(self, event: dict[str, Any]) -> None:
+        """Sent on the user's group when their roles change: re-check at once, close if access is gone."""
+        if not await self.recheck_access():
+            hub.discard(self)
+
+    def offer_sample(self, message: dict[str, Any]) -> None:
+        self.outgoing.offer_sample(message)
+
+    def offer_event(self, message: dict[str, Any]) -> None:
+        self.outgoing.offer_event(message)
+
+    async def _send_forever(self) -> None:
+        while True:
+            await self.outgoing.ready.wait()
+            for message in self.outgoing.take():
+                await self.send(text_data=json.dumps(message, default=str))
+
+    async def recheck_access(self, initial: bool = False) -> bool:
+        allowed, is_admin, teams = await self._access()
+        self.is_admin, self.visible_teams = is_admin, teams
+        if not allowed:
+            await self.close(code=self.refusal_code if initial else 4403)
+        return allowed
+
+    refusal_code = 4403
+
+    @database_sync_to_async
+    def _access(self) -> tuple[bool, bool, set[str]]:
+        from django.contrib.auth import get_user_model
+
+        from apps.accounts.selectors import is_admin, teams_visible_to
+        from apps.jobs.selectors import jobs_visible_to
+
+        user = get_user_model().objects.filter(pk=self.user_id, is_active=True).first()
+        if user is None:
+            return False, False, set()
+        admin = is_admin(user)
+        teams = set(teams_visible_to(user).values_list("slug", flat=True))
+        if self.job_id is not None:
+            return jobs_visible_to(user).filter(pk=self.job_id).exists(), admin, teams
+        return admin or bool(teams), admin, teams
+
+
+class ClusterConsumer(LiveConsumer):
+    pass
+
+
+class JobConsumer(LiveConsumer):
+    refusal_code = 4404
+
+    async def connect(self) -> None:
+        self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+        await super().connect()
+        if getattr(self, "outgoing", None) is not None:
+            snapshot = await self._snapshot()
+            self.outgoing.offer_event({"type": "job.state", "job": snapshot})
+
+    @database_sync_to_async
+    def _snapshot(self) -> dict[str, Any]:
+        from apps.jobs.models import Job
+        from apps.jobs.serializers import JobSerializer
+
+        job = Job.objects.select_related("team", "user").prefetch_related("allocations__gpu__host").get(pk=self.job_id)
+        return JobSerializer(job).data

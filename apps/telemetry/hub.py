@@ -1,0 +1,252 @@
+"""The live hub of one ASGI process: once a second it reads what changed and offers it to this process's sockets.
+
+Telemetry frames come from the cache (written by ingest, in whichever process), job events, log chunks and alerts
+from the database by id (an outbox read), so the hub works the same with the embedded defaults and with Redis and
+several ASGI processes: no event needs to cross processes through the channel layer. Each socket keeps only the
+newest telemetry frame and a bounded queue of events, so a slow client gets the latest values, not a backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asgiref.sync import sync_to_async
+from django.core.cache import cache
+from django.db.models import Count, Q
+
+logger = logging.getLogger(__name__)
+TICK_S = 1.0
+RECHECK_EVERY_TICKS = 10
+HOSTS_EVERY_TICKS = 10
+EVENT_QUEUE = 200
+
+
+class Subscriber(Protocol):
+    user_id: int | None
+    is_admin: bool
+    visible_teams: set[str]
+    job_id: int | None  # None: the cluster stream
+
+    def offer_sample(self, message: dict[str, Any]) -> None: ...
+    def offer_event(self, message: dict[str, Any]) -> None: ...
+    async def recheck_access(self) -> bool: ...
+
+
+@dataclass
+class Outbox:
+    last_event: int = 0
+    last_log: int = 0
+    last_alert: int = 0
+    alerts_checked_at: Any = None
+
+
+@dataclass
+class Hub:
+    subscribers: set[Any] = field(default_factory=set)
+    task: asyncio.Task | None = None
+    outbox: Outbox = field(default_factory=Outbox)
+    host_names: list[str] = field(default_factory=list)
+    ticks: int = 0
+    progress_sent: dict[int, tuple] = field(default_factory=dict)
+
+    def add(self, subscriber: Any) -> None:
+        self.subscribers.add(subscriber)
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.task = loop.create_task(self._run())
+
+    def discard(self, subscriber: Any) -> None:
+        self.subscribers.discard(subscriber)
+
+    async def _run(self) -> None:
+        await sync_to_async(self._start_outbox)()
+        while self.subscribers:
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - one bad tick must not end the live stream
+                logger.exception("live hub tick failed")
+            await asyncio.sleep(max(0.05, TICK_S - (time.monotonic() - started)))
+        self.task = None
+
+    def _start_outbox(self) -> None:
+        from django.utils import timezone
+
+        from apps.jobs.models import JobEvent, JobLogChunk
+        from apps.telemetry.models import Alert
+
+        self.outbox = Outbox(
+            last_event=JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0,
+            last_log=JobLogChunk.objects.order_by("-id").values_list("id", flat=True).first() or 0,
+            last_alert=Alert.objects.order_by("-id").values_list("id", flat=True).first() or 0,
+            alerts_checked_at=timezone.now(),
+        )
+
+    async def tick(self) -> None:
+        self.ticks += 1
+        if not self.host_names or self.ticks % HOSTS_EVERY_TICKS == 0:
+            self.host_names = await sync_to_async(_host_names)()
+        from apps.telemetry.services import frame_key
+
+        frames = await cache.aget_many([frame_key(name) for name in self.host_names])
+        samples = [gpu for frame in frames.values() for gpu in frame["gpus"]]
+        now = time.time()
+        cluster = [s for s in self.subscribers if s.job_id is None]
+        for subscriber in cluster:
+            subscriber.offer_sample({"type": "gpu.sample", "ts": now,
+                                     "gpus": [_visible_sample(g, subscriber) for g in samples]})
+        watched = {s.job_id for s in self.subscribers if s.job_id is not None}
+        for subscriber in self.subscribers:
+            if subscriber.job_id is not None:
+                mine = [g for g in samples if g["job"] == subscriber.job_id]
+                subscriber.offer_sample({"type": "gpu.sample", "ts": now, "gpus": mine})
+        changes = await sync_to_async(self._read_outbox)(watched, bool(cluster))
+        self._deliver(changes)
+        if self.ticks % RECHECK_EVERY_TICKS == 0:
+            for subscriber in list(self.subscribers):
+                if not await subscriber.recheck_access():
+                    self.discard(subscriber)
+
+    def _read_outbox(self, watched: set[int], cluster_listening: bool) -> dict[str, Any]:
+        from django.utils import timezone
+
+        from apps.jobs.models import Job, JobEvent, JobLogChunk
+        from apps.jobs.serializers import JobSerializer
+        from apps.telemetry.models import Alert
+        from apps.telemetry.serializers import AlertSerializer
+
+        box = self.outbox
+        events = list(JobEvent.objects.filter(id__gt=box.last_event).order_by("id")
+                      .values_list("id", "job_id")[:1000])
+        if events:
+            box.last_event = events[-1][0]
+        changed_jobs = {job_id for _, job_id in events}
+        details = {}
+        if changed_jobs & watched:
+            for job in Job.objects.filter(pk__in=changed_jobs & watched).select_related("team", "user") \
+                    .prefetch_related("allocations__gpu__host"):
+                details[job.pk] = JobSerializer(job).data
+        compact = {}
+        if cluster_listening and changed_jobs:
+            compact = {job_id: {"id": job_id, "state": state, "team": team, "pending_reason": reason}
+                       for job_id, state, team, reason in Job.objects.filter(pk__in=changed_jobs)
+                       .values_list("pk", "state", "team__slug", "pending_reason")}
+        logs = []
+        last_log = JobLogChunk.objects.order_by("-id").values_list("id", flat=True).first() or box.last_log
+        if watched and last_log > box.last_log:
+            logs = list(JobLogChunk.objects.filter(id__gt=box.last_log, id__lte=last_log, job_id__in=watched)
+                        .order_by("id").values("job_id", "offset", "data"))
+        box.last_log = last_log
+        progress = {}
+        for job_id, steps, loss, sps, samples, at in Job.objects.filter(pk__in=watched).values_list(
+                "pk", "steps_done", "last_loss", "steps_per_second", "samples_per_second", "progress_at"):
+            key = (steps, loss, sps, at)
+            if at is not None and self.progress_sent.get(job_id) != key:
+                self.progress_sent[job_id] = key
+                progress[job_id] = {"type": "job.progress", "step": steps, "loss": loss, "steps_per_s": sps,
+                                    "samples_per_s": samples, "ts": at.timestamp()}
+        alerts = []
+        since = box.alerts_checked_at
+        box.alerts_checked_at = timezone.now()
+        new_or_changed = Alert.objects.select_related("rule", "host", "gpu", "team", "acknowledged_by").filter(
+            Q(id__gt=box.last_alert) | Q(resolved_at__gte=since) | Q(acknowledged_at__gte=since))
+        for alert in new_or_changed.order_by("id")[:200]:
+            box.last_alert = max(box.last_alert, alert.pk)
+            alerts.append((alert.team.slug if alert.team else None, AlertSerializer(alert).data))
+        queue = {}
+        if cluster_listening and (events or self.ticks % 5 == 0):
+            queue = dict(Job.objects.filter(state=Job.State.QUEUED).values_list("team__slug")
+                         .annotate(n=Count("id")))
+        return {"details": details, "compact": compact, "logs": logs, "progress": progress, "alerts": alerts,
+                "queue": queue}
+
+    def _deliver(self, changes: dict[str, Any]) -> None:
+        for subscriber in self.subscribers:
+            if subscriber.job_id is None:
+                for job in changes["compact"].values():
+                    if subscriber.is_admin or job["team"] in subscriber.visible_teams:
+                        subscriber.offer_event({"type": "job.state", "job": job})
+                if changes["queue"]:
+                    subscriber.offer_event({"type": "queue", "teams": {
+                        team: n for team, n in changes["queue"].items()
+                        if subscriber.is_admin or team in subscriber.visible_teams}})
+            else:
+                detail = changes["details"].get(subscriber.job_id)
+                if detail is not None:
+                    subscriber.offer_event({"type": "job.state", "job": detail})
+                for chunk in changes["logs"]:
+                    if chunk["job_id"] == subscriber.job_id:
+                        subscriber.offer_event({"type": "job.log", "offset": chunk["offset"], "data": chunk["data"]})
+                if subscriber.job_id in changes["progress"]:
+                    subscriber.offer_event(changes["progress"][subscriber.job_id])
+            for team, alert in changes["alerts"]:
+                visible = subscriber.is_admin or team is None or team in subscriber.visible_teams
+                if visible and (subscriber.job_id is None or alert["job"] in (None, subscriber.job_id)):
+                    subscriber.offer_event({"type": "alert", "alert": alert})
+
+
+def _host_names() -> list[str]:
+    from apps.cluster.models import Host
+
+    return list(Host.objects.values_list("name", flat=True))
+
+
+def _visible_sample(gpu: dict[str, Any], subscriber: Any) -> dict[str, Any]:
+    """Another team's job on a GPU shows as busy, without naming the job, the team or its processes."""
+    sample = {k: v for k, v in gpu.items() if k != "processes"}
+    if gpu["team"] is not None and not subscriber.is_admin and gpu["team"] not in subscriber.visible_teams:
+        sample["job"] = None
+        sample["team"] = None
+        sample["other_team"] = True
+    return sample
+
+
+hub = Hub()
+
+
+class Outgoing:
+    """What one socket still has to send: the newest telemetry frame, and a bounded queue of events."""
+
+    def __init__(self) -> None:
+        self.sample: dict[str, Any] | None = None
+        self.events: deque[dict[str, Any]] = deque()
+        self.overflowed = False
+        self.ready = asyncio.Event()
+
+    def offer_sample(self, message: dict[str, Any]) -> None:
+        self.sample = message  # replaces an unsent older frame: latest values, never a backlog
+        self.ready.set()
+
+    def offer_event(self, message: dict[str, Any]) -> None:
+        if len(self.events) >= EVENT_QUEUE:
+            self.events.clear()
+            self.overflowed = True
+        self.events.append(message)
+        self.ready.set()
+
+    def take(self) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        if self.overflowed:
+            batch.append({"type": "resync", "reason": "too slow: events were dropped; reload from the API"})
+            self.overflowed = False
+        batch.extend(self.events)
+        self.events.clear()
+        if self.sample is not None:
+            batch.append(self.sample)
+            self.sample = None
+        self.ready.clear()
+        return batch
+
+
+async def cancel_task(task: asyncio.Task | None) -> None:
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
