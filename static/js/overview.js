@@ -57,7 +57,7 @@
       seen++;
       setField(el, "util", GC.reading(g.utilization_pct, " %"));
       setField(el, "mem", g.memory_used_mb === null || g.memory_used_mb === undefined ? "no data"
-        : GC.reading(g.memory_used_mb) + "/" + GC.reading(g.memory_total_mb) + " MB");
+        : (g.memory_used_mb / 1024).toFixed(1) + "/" + (g.memory_total_mb ? (g.memory_total_mb / 1024).toFixed(1) : "?") + " GiB");
       setField(el, "temp", GC.reading(g.temperature_c, " °C"));
       setField(el, "power", GC.reading(g.power_w, " W"));
       jobText(el, g);

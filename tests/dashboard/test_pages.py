@@ -70,7 +70,7 @@ def test_overview_shows_hosts_gpus_jobs_and_totals(world, web):
     assert "node-a" in html and "simulated" in html and "hot" in html
     assert f'href="/jobs/{job.pk}/"' in html  # own team's job is a link
     assert f'href="/jobs/{foreign.pk}/"' not in html  # another team's job is not
-    assert "87 %" in html and "61 °C" in html and "350 W" in html
+    assert "87 %" in html and "1.0/140.4 GiB" in html and "61 °C" in html and "350 W" in html
     assert "no data" in html  # GPUs without samples say so, never 0 %
     assert "GPU-history" not in html and 'id="gpu-history"' in html
 

@@ -34,3 +34,16 @@ def heat(value: float | None) -> str:
     if value is None:
         return "heat-none"
     return f"heat-{min(int(float(value) // 20), 4)}"
+
+
+@register.filter
+def gib(value: float | None) -> str:
+    """Megabytes as GiB with one decimal."""
+    return "no data" if value is None else f"{float(value) / 1024:.1f}"
+
+
+@register.filter
+def as_json(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
