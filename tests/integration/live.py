@@ -124,8 +124,29 @@ class LiveCluster:
             "--console-url", self.url, "--broker", self.env["CELERY_BROKER_URL"], "--broker-dir",
             str(var / "broker"), "--token-file", str(var / f"token-{name}"), "--work-dir",
             str(self.base / "work" / name), "--artifacts", str(self.base / "artifacts"), "--address", "127.0.0.1",
-            "--grace-s", "3",
+            "--grace-s", "3", "--fault-file", str(self.fault_file(name)),
         ])
+
+    def fault_file(self, agent: str) -> Path:
+        return self.base / f"faults-{agent}.json"
+
+    def inject(self, agent: str, faults: dict[int, str]) -> None:
+        """Faults for the agent's simulated GPUs, e.g. {0: "overheat"}; {} clears them."""
+        import json
+
+        path = self.fault_file(agent)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({str(index): fault for index, fault in faults.items()}))
+        tmp.replace(path)
+
+    def user_client(self, username: str, password: str) -> httpx.Client:
+        token = httpx.post(f"{self.url}/api/v1/auth/token/",
+                           json={"username": username, "password": password, "name": "it"}).json()["token"]
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def ws_url(self, path: str, client: httpx.Client) -> str:
+        ticket = client.post("/api/v1/ws-ticket/").json()["ticket"]
+        return f"ws://127.0.0.1:{self.port}{path}?ticket={ticket}"
 
     def _hosts_up(self) -> int:
         try:
