@@ -98,7 +98,7 @@
     sps.push(t, msg.steps_per_s);
     loss.push(t, msg.loss);
     if (msg.step !== undefined && msg.step !== null) { document.getElementById("job-steps").textContent = msg.step; }
-    document.getElementById("job-sps").textContent = GC.reading(msg.steps_per_s);
+    document.getElementById("job-sps").textContent = GC.fmt(msg.steps_per_s);
     document.getElementById("job-loss").textContent = msg.loss === null || msg.loss === undefined ? "no data" : GC.fmt(msg.loss);
     drawProgress();
   }

@@ -47,3 +47,19 @@ def as_json(value: object) -> str:
     import json
 
     return json.dumps(value, sort_keys=True)
+
+
+@register.filter
+def num(value: float | None) -> str:
+    """A measured number with a sensible precision (like the pages' JavaScript GC.fmt), or "no data"."""
+    if value is None:
+        return "no data"
+    number = float(value)
+    size = abs(number)
+    if size >= 100:
+        return f"{number:.0f}"
+    if size >= 10:
+        return f"{number:.1f}"
+    if size >= 1:
+        return f"{number:.2f}"
+    return f"{number:.2g}"
