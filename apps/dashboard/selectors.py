@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from apps.accounts.models import Role, Team
-from apps.accounts.selectors import AnyUser, has_role, is_admin, teams_visible_to
+from apps.accounts.selectors import AnyUser, is_admin
 from apps.cluster.models import GPU, Host
 from apps.cluster.selectors import hosts_visible_to
 from apps.jobs.models import Job, JobAllocation
@@ -115,19 +115,16 @@ def cluster_overview(user: AnyUser) -> Overview:
 
 def alerts_visible_to(user: AnyUser) -> QuerySet[Alert]:
     """Admins see every alert; others their teams' alerts and the cluster's hardware alerts (no team)."""
-    alerts = Alert.objects.select_related("rule", "host", "gpu", "job", "team", "acknowledged_by")
-    if is_admin(user):
-        return alerts
-    teams = teams_visible_to(user)
-    if not teams.exists():
-        return alerts.none()
-    return alerts.filter(Q(team__in=teams) | Q(team__isnull=True))
+    from apps.telemetry import selectors as telemetry_selectors
+
+    return telemetry_selectors.alerts_visible_to(user).select_related("acknowledged_by")
 
 
 def can_acknowledge(user: AnyUser, alert: Alert) -> bool:
-    if is_admin(user):
-        return True
-    return alert.team is not None and has_role(user, alert.team, Role.MANAGER)
+    """Admins, and the managers of the alert's team."""
+    from apps.telemetry import selectors as telemetry_selectors
+
+    return telemetry_selectors.can_acknowledge(user, alert)
 
 
 def acknowledgeable_team_ids(user: AnyUser) -> set[int] | None:

@@ -116,9 +116,23 @@
       socket.onmessage = function (event) {
         var msg;
         try { msg = JSON.parse(event.data); } catch (e) { return; }
+        if (msg.type === "resync") {
+          toast("Live updates fell behind; reload the page for the latest state.", "warning");
+        }
         try { onMessage(msg); } catch (e) { if (window.console) { console.error(e); } }
       };
-      socket.onclose = function () { socket = null; if (!stopped) { retry(); } };
+      socket.onclose = function (event) {
+        socket = null;
+        if (stopped) { return; }
+        var code = event && event.code;
+        if (code === 4401 || code === 4403 || code === 4404) {
+          /* not logged in, no access, no such job: retrying would not help */
+          status("off", code === 4401 ? "Live updates stopped: your session has ended; log in again."
+            : "Live updates are not available to you here; showing data as of page load.");
+          return;
+        }
+        retry();
+      };
       socket.onerror = function () { /* onclose follows */ };
     }
     function retry() {
