@@ -209,7 +209,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"PriorityEnum": "apps.quotas.models.Priority"},
+    "ENUM_NAME_OVERRIDES": {
+        "PriorityEnum": "apps.quotas.models.Priority",
+        "JobKindEnum": "apps.jobs.models.Job.Kind",
+        "AlertRuleKindEnum": "apps.telemetry.models.AlertRule.Kind",
+    },
 }
 
 # --- jobs
