@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "apps.cluster",
     "apps.jobs",
     "apps.telemetry",
+    "apps.serving",
     "apps.dashboard",
 ]
 
@@ -143,6 +144,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SCHEDULER_PASS_INTERVAL_S = env_int("CONSOLE_SCHEDULER_INTERVAL_S", 5, minimum=1)
 REAPER_INTERVAL_S = env_int("CONSOLE_REAPER_INTERVAL_S", 10, minimum=1)
+SERVING_RECONCILE_S = env_int("CONSOLE_SERVING_RECONCILE_S", 3, minimum=1)
 TELEMETRY_KEEP_10S_HOURS = env_int("CONSOLE_TELEMETRY_KEEP_10S_HOURS", 24, minimum=1)
 TELEMETRY_KEEP_1M_DAYS = env_int("CONSOLE_TELEMETRY_KEEP_1M_DAYS", 31, minimum=1)
 # Bearer token Prometheus presents at /metrics (admins' sessions and API tokens work too).

@@ -11,6 +11,8 @@ from apps.core import views as core_views
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
 from apps.quotas import api as quotas_api
+from apps.serving import api as serving_api
+from apps.serving import gateway as serving_gateway
 from apps.telemetry import api as telemetry_api
 from apps.telemetry import metrics as telemetry_metrics
 
@@ -23,6 +25,7 @@ router.register("jobs", jobs_api.JobViewSet, basename="job")
 router.register("audit", core_views.AuditEventViewSet, basename="audit")
 router.register("alerts", telemetry_api.AlertViewSet, basename="alert")
 router.register("alert-rules", telemetry_api.AlertRuleViewSet, basename="alert-rule")
+router.register("services", serving_api.ServiceViewSet, basename="service")
 
 api_v1 = [
     path("auth/token/", accounts_api.ObtainTokenView.as_view(), name="auth-token"),
@@ -45,6 +48,7 @@ api_v1 = [
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", telemetry_metrics.metrics_view, name="metrics"),
+    path("serve/<slug:team>/<slug:service>/predict", serving_gateway.predict, name="serve-predict"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_v1)),

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
 from apps.accounts.models import Role, Team
@@ -71,17 +71,23 @@ def cluster_overview(user: AnyUser) -> Overview:
     since = timezone.now() - timedelta(seconds=SPARKLINE_SECONDS)
     latest: dict[int, dict[str, Any]] = {}
     history: dict[int, list[list[Any]]] = {}
+    recent = GpuSampleBucket.objects.filter(bucket_start__gte=since)
+    finest = recent.aggregate(finest=Min("resolution_s"))["finest"]
     buckets = (
-        GpuSampleBucket.objects.filter(bucket_start__gte=since, resolution_s__lte=60)
+        recent.filter(resolution_s=finest or 0)
         .order_by("bucket_start")
         .values("gpu_id", "bucket_start", "utilization_avg", "memory_used_max_mb", "memory_total_mb",
                 "temperature_max", "power_avg_w")
     )
     for row in buckets:
         latest[row["gpu_id"]] = row
-        history.setdefault(row["gpu_id"], []).append(
-            [round(row["bucket_start"].timestamp()), row["utilization_avg"]]
-        )
+        points = history.setdefault(row["gpu_id"], [])
+        ts = round(row["bucket_start"].timestamp())
+        if points and points[-1][0] == ts:  # rows of one bucket from several ingest processes: keep one
+            if row["utilization_avg"] is not None:
+                points[-1][1] = row["utilization_avg"]
+            continue
+        points.append([ts, row["utilization_avg"]])
     overview = Overview(hosts=[])
     for host in hosts:
         cells = []

@@ -345,8 +345,10 @@ def usage_report(request: HttpRequest) -> HttpResponse:
     teams = list(teams_with_role(request.user, Role.MANAGER))
     if not teams:
         raise Http404("No report for you.")
-    form = PeriodForm(request.GET or None)
+    form = PeriodForm(request.GET if request.GET.get("start") or request.GET.get("end") else None)
     start, end = form.period()
+    if not form.is_bound:  # show the default period in the date fields
+        form = PeriodForm(initial={"start": start.date(), "end": end.date()})
     report = reports.usage_report(teams, start, end)
     if request.GET.get("format") == "csv":
         response = HttpResponse(reports.report_csv(report), content_type="text/csv; charset=utf-8")

@@ -54,6 +54,8 @@ class Job(models.Model):
     last_loss = models.FloatField(null=True, blank=True)
     # Per node of a multi-host run: node rank -> {"state", "exit_code", "reason"}; reset at each placement.
     node_results = models.JSONField(default=dict, blank=True)
+    runtime_info = models.JSONField(default=dict, blank=True,
+                                    help_text="What the job's process announced, e.g. the port a replica serves on.")
     borrowing = models.BooleanField(default=False, help_text="Runs on GPUs borrowed beyond the team's quota.")
     preempt_requested_at = models.DateTimeField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True, help_text="When steps_done was last reported.")

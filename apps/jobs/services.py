@@ -93,6 +93,11 @@ def _check_workload(kind: str, preset_name: str, workload: dict[str, Any]) -> di
         errors["preset"] = [f"Unknown preset '{preset_name}'; GET /api/v1/presets/ lists them."]
     elif preset.kind != kind:
         errors["preset"] = [f"Preset '{preset_name}' is for {preset.kind} jobs, not {kind} jobs."]
+    serve = workload.get("serve")
+    if serve is not None:  # a service replica: built by apps.serving, never taken from users as is
+        if kind != Job.Kind.INFERENCE or serve.get("workload") not in WORKLOADS:
+            errors["workload"] = {"serve": ["A replica serves a built-in workload's model in an inference job."]}
+        return errors
     builtin = workload.get("builtin")
     if builtin is not None:
         spec = WORKLOADS.get(builtin)
@@ -535,7 +540,7 @@ def _finish(job: Job, to_state: str, reason: str, now, *, exit_code: int | None,
 
 def _requeue(job: Job, reason: str, now, *, count_preemption: bool = False) -> None:
     fields: dict[str, Any] = {"pending_reason": "requeued", "placed_at": None, "started_at": None,
-                              "borrowing": False, "preempt_requested_at": None}
+                              "borrowing": False, "preempt_requested_at": None, "runtime_info": {}}
     if count_preemption:
         fields["preemption_count"] = job.preemption_count + 1
     if _transition(job, State.QUEUED, reason, from_states=list(Job.HOLDING_STATES), **fields):
@@ -588,6 +593,13 @@ def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
 def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
     with transaction.atomic():
         job = _job_for_host(job_id, host, attempt)
+        if progress.get("type") == "serving":
+            port = progress.get("port")
+            if isinstance(port, int) and 0 < port < 65536:
+                address = host.address or host.name
+                Job.objects.filter(pk=job.pk).update(
+                    runtime_info={"endpoint": f"http://{address}:{port}", "attempt": attempt})
+            return
         fields: dict[str, Any] = {}
         if isinstance(progress.get("step"), int) and progress["step"] >= 0:
             fields["steps_done"] = progress["step"]

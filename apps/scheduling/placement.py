@@ -1,14 +1,17 @@
-"""Choosing GPUs for a gang: all or nothing, on the fewest hosts, same host first.
+"""Choosing GPUs for a gang: all or nothing, on the fewest hosts, same host first; and a GPU for a fraction.
 
 `FreeGpus` indexes the free, schedulable GPUs by type and host, and keeps hosts bucketed by how many free GPUs of
 a type they have, so that a single-host fit is found in O(GPUs per host) rather than by scanning every host.
+GPUs partly used by fractional jobs (sharing.py) are not free: whole and gang jobs never see them. They are
+indexed apart, bucketed by the units they have left, so that a fraction finds its best fit in O(100).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-from apps.scheduling.types import Snapshot
+from apps.scheduling.sharing import FULL, held_units, is_fractional, units_on
+from apps.scheduling.types import PendingJob, Snapshot
 
 
 class FreeGpus:
@@ -28,10 +31,19 @@ class FreeGpus:
         self.location: dict[int, tuple[str, str, int]] = {}
         # Bumped whenever GPUs come back: a gang that did not fit cannot fit until then.
         self.version = 0
+        # Fractions: gpu id -> units / memory in use, for GPUs partly (or fully) used by fractional jobs only.
+        self.used: dict[int, int] = {}
+        self.memory_used: dict[int, int] = {}
+        # gpu id -> memory of the GPU in MB (0: unknown)
+        self.memory: dict[int, int] = {}
+        # gpu type -> units left -> shared GPUs with that much room (1..FULL-1)
+        self.room: dict[str, dict[int, dict[int, None]]] = {}
+        # gpu type -> host -> number of GPUs there used by fractions
+        self.shared_hosts: dict[str, dict[str, int]] = {}
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> FreeGpus:
-        busy = {gpu_id for job in snapshot.running for gpu_id in job.gpu_ids}
+        busy = {gpu_id for job in snapshot.running if not is_fractional(job) for gpu_id in job.gpu_ids}
         host_order: dict[str, int] = {}
         capacity: dict[str, int] = {}
         for rank, host in enumerate(snapshot.hosts):
@@ -51,7 +63,13 @@ class FreeGpus:
             for gpu in host.gpus:
                 if gpu.schedulable:
                     free.location[gpu.gpu_id] = (host.name, gpu.gpu_type, gpu.index)
+                    free.memory[gpu.gpu_id] = gpu.memory_mb
         free.give(gpu_id for gpu_id in free.location if gpu_id not in busy)
+        for job in snapshot.running:
+            if is_fractional(job):
+                for gpu_id in job.gpu_ids:
+                    if gpu_id not in busy and gpu_id in free.location:
+                        free.take_share(gpu_id, held_units(job), job.gpu_memory_mb or 0)
         return free
 
     def copy(self) -> FreeGpus:
@@ -60,6 +78,11 @@ class FreeGpus:
         clone.buckets = {t: {n: dict(hosts) for n, hosts in by_n.items()} for t, by_n in self.buckets.items()}
         clone.totals = dict(self.totals)
         clone.location = self.location
+        clone.memory = self.memory
+        clone.used = dict(self.used)
+        clone.memory_used = dict(self.memory_used)
+        clone.room = {t: {n: dict(ids) for n, ids in by_n.items()} for t, by_n in self.room.items()}
+        clone.shared_hosts = {t: dict(hosts) for t, hosts in self.shared_hosts.items()}
         return clone
 
     def types(self) -> list[str]:
@@ -113,6 +136,133 @@ class FreeGpus:
                 ids.sort(key=lambda g: self.location[g][2])
             self._move_bucket(gpu_type, host, len(ids) - 1, len(ids))
             self.totals[gpu_type] = self.totals.get(gpu_type, 0) + 1
+
+    # -- fractions ----------------------------------------------------------------------------------------------
+    def _set_room(self, gpu_id: int, old: int, new: int) -> None:
+        """Move a shared GPU between room buckets (0 or FULL: in no bucket)."""
+        gpu_type = self.location[gpu_id][1]
+        room = self.room.setdefault(gpu_type, {})
+        if 0 < old < FULL:
+            del room[old][gpu_id]
+        if 0 < new < FULL:
+            room.setdefault(new, {})[gpu_id] = None
+
+    def take_share(self, gpu_id: int, units: int, memory_mb: int = 0) -> None:
+        """Give `units` of a GPU to a fraction: a whole free GPU becomes shared (a GPU outside the pool, e.g. held
+        for a reservation, may be passed too: it is simply marked shared)."""
+        host, gpu_type, _ = self.location[gpu_id]
+        used = self.used.get(gpu_id)
+        if used is None:
+            if self.is_free(gpu_id):
+                self.take((gpu_id,))
+            used = 0
+            hosts = self.shared_hosts.setdefault(gpu_type, {})
+            hosts[host] = hosts.get(host, 0) + 1
+        self.used[gpu_id] = used + units
+        self.memory_used[gpu_id] = self.memory_used.get(gpu_id, 0) + memory_mb
+        self._set_room(gpu_id, FULL - used if used else 0, FULL - used - units)
+
+    def give_share(self, gpu_id: int, units: int, memory_mb: int = 0, to_pool: bool = True) -> bool:
+        """A fraction leaves a GPU; True when the GPU is then empty (back in the pool unless `to_pool` is False)."""
+        used = self.used.get(gpu_id)
+        if used is None or gpu_id not in self.location:
+            return False
+        left = used - units
+        self.version += 1
+        self._set_room(gpu_id, FULL - used, FULL - left if left > 0 else 0)
+        if left > 0:
+            self.used[gpu_id] = left
+            self.memory_used[gpu_id] = self.memory_used.get(gpu_id, 0) - memory_mb
+            return False
+        del self.used[gpu_id]
+        self.memory_used.pop(gpu_id, None)
+        host, gpu_type, _ = self.location[gpu_id]
+        hosts = self.shared_hosts[gpu_type]
+        hosts[host] -= 1
+        if not hosts[host]:
+            del hosts[host]
+        if to_pool:
+            self.give((gpu_id,))
+        return True
+
+    def _fits_share(self, job: PendingJob, gpu_id: int, room: int) -> int | None:
+        units = units_on(job, self.memory.get(gpu_id, 0))
+        if units is None or units > room:
+            return None
+        memory = self.memory.get(gpu_id, 0)
+        if job.gpu_memory_mb and memory and self.memory_used.get(gpu_id, 0) + job.gpu_memory_mb > memory:
+            return None
+        return units
+
+    def choose_share(
+        self, job: PendingJob, least_units: int, fence: Collection[int] = ()
+    ) -> tuple[int, int] | None:
+        """(gpu id, units) for a fractional job, or None; GPUs in `fence` are not used.
+
+        Best fit among shared GPUs (the one with the least room that still fits: least fragmentation); only when
+        none fits, a whole free GPU, preferring hosts that already hold fractions, then the host with the fewest
+        free GPUs (best fit, as for gangs), so that whole hosts stay free for gangs.
+        """
+        types = [job.gpu_type] if job.gpu_type else self.types()
+        best: tuple[int, int, int, int, int] | None = None  # (room left, host rank, index, gpu id, units)
+        for gpu_type in types:
+            buckets = self.room.get(gpu_type)
+            if not buckets:
+                continue
+            found = False
+            for room in range(least_units, FULL):
+                if found and job.gpu_memory_mb is None:
+                    break  # same units on every GPU: the first room that fits is the best fit
+                bucket = buckets.get(room)
+                if not bucket:
+                    continue
+                for gpu_id in bucket:
+                    if gpu_id in fence:
+                        continue
+                    units = self._fits_share(job, gpu_id, room)
+                    if units is None:
+                        continue
+                    found = True
+                    host, _, index = self.location[gpu_id]
+                    key = (room - units, self.host_order[host], index, gpu_id, units)
+                    if best is None or key < best:
+                        best = key
+        if best is not None:
+            return best[3], best[4]
+        opened: tuple[int, int, int, int] | None = None  # (free on host, host rank, gpu id, units)
+        for gpu_type in types:
+            hosts = self.free.get(gpu_type)
+            shared = self.shared_hosts.get(gpu_type, {})
+            for host in [h for h in shared if hosts and h in hosts]:
+                found = self._first_fit(job, hosts[host], fence)
+                if found is not None:
+                    key = (len(hosts[host]), self.host_order[host], *found)
+                    opened = key if opened is None or key < opened else opened
+        if opened is not None:
+            return opened[2], opened[3]
+        for gpu_type in types:
+            hosts = self.free.get(gpu_type)
+            for host in self._fewest_free_hosts(gpu_type) if hosts else ():
+                found = self._first_fit(job, hosts[host], fence)  # type: ignore[index]
+                if found is not None:
+                    key = (len(hosts[host]), self.host_order[host], *found)  # type: ignore[index]
+                    opened = key if opened is None or key < opened else opened
+                    break
+        return (opened[2], opened[3]) if opened is not None else None
+
+    def _first_fit(self, job: PendingJob, gpu_ids: list[int], fence: Collection[int]) -> tuple[int, int] | None:
+        for gpu_id in gpu_ids:
+            if gpu_id not in fence:
+                units = self._fits_share(job, gpu_id, FULL)
+                if units is not None:
+                    return gpu_id, units
+        return None
+
+    def _fewest_free_hosts(self, gpu_type: str) -> Iterable[str]:
+        """Hosts with free GPUs of the type, fewest free first (ties by rank), lazily."""
+        buckets = self.buckets.get(gpu_type, {})
+        for size in sorted(n for n, hosts in buckets.items() if hosts):
+            yield from sorted(buckets[size], key=self.host_order.__getitem__)
 
     def max_hosts(self, count: int, gpu_type: str, consolidate: bool) -> int | None:
         """How many hosts a gang may span: the fewest that could hold it, when consolidating."""

@@ -9,6 +9,11 @@ One pass, O(pending log pending + GPUs) plus a bounded number of victim searches
 3. The first job within quota that cannot start becomes the head: the GPUs it will get when enough running jobs
    end (at their predicted ends) are reserved from then; a later job may use them only if it will end first.
 4. Every waiting job gets a position and an estimated start (estimate.py).
+
+Fractions of a GPU (sharing.py) are counted in units of 1/100 GPU for quotas. They pack onto shared GPUs by best
+fit and open a whole GPU only when none fits. So that scattered fractions never block a whole-GPU job forever, the
+first whole-GPU job that waits only because of fractions fences the GPUs it would get if they left: fractions
+(of its priority or lower) are not placed there, so those GPUs drain as their fractions end (no preemption).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from apps.scheduling.ordering import FairShare, aging_boost
 from apps.scheduling.placement import FreeGpus, choose_gpus
 from apps.scheduling.prediction import predict_remaining_s
 from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, VictimIndex, plan_preemption
+from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, job_share, min_units
 from apps.scheduling.types import (
     Decisions,
     PendingInfo,
@@ -40,6 +46,13 @@ PREEMPTION_REASONS = {
 
 # Waiting for reasons that GPUs ending elsewhere do not change: no estimated start.
 NO_ESTIMATE = frozenset({"quota", "user_cap", "no_gpu_type", "too_large"})
+# Whole-GPU jobs examined for the fraction fence per pass (the first one that fractions block is fenced for).
+FENCE_SCAN = 64
+
+# (gpu ids, units on each): FULL units for whole GPUs, fewer for a fraction of its one GPU.
+Choice = tuple[tuple[int, ...], int]
+# (predicted end, gpu ids, team, units on each GPU, memory MB on each GPU)
+Release = tuple[float, tuple[int, ...], str, int, int]
 
 
 @dataclass(slots=True)
@@ -59,6 +72,24 @@ def _fmt_hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _asked(job: PendingJob) -> str:
+    if not is_fractional(job):
+        return f"{job.gpus} GPUs"
+    parts = [f"{job.gpu_share:g} of a GPU"] if job.gpu_share < 1.0 else []
+    if job.gpu_memory_mb is not None:
+        parts.append(f"{job.gpu_memory_mb} MB of GPU memory")
+    return " and ".join(parts)
+
+
+@dataclass(slots=True)
+class Fence:
+    """GPUs that fractions of `priority` or lower may not use: they are kept for whole-GPU job `job_id`."""
+
+    job_id: int
+    priority: int
+    gpu_ids: frozenset[int]
+
+
 class ConsolePass:
     def __init__(self, snapshot: Snapshot, config: PolicyConfig) -> None:
         self.snapshot = snapshot
@@ -66,6 +97,7 @@ class ConsolePass:
         self.now = snapshot.now
         self.free = FreeGpus.from_snapshot(snapshot)
         self.fair = FairShare(snapshot, config.fair_share_weight)
+        # GPUs held, in units of 1/100 GPU (sharing.FULL per GPU)
         self.team_held: dict[str, int] = defaultdict(int)
         self.user_held: dict[tuple[str, str], int] = defaultdict(int)
         self.schedulable_total: dict[str, int] = defaultdict(int)
@@ -80,10 +112,13 @@ class ConsolePass:
         self.no_fit: dict[str | None, tuple[int, int]] = {}
         self.widest_host: dict[str | None, int] = dict(self.free.host_capacity)
         self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
-        self.capacity_reasons: dict[tuple[str | None, int], tuple[str, str] | None] = {}
+        self.capacity_reasons: dict[tuple[str | None, int, int | None], tuple[str, str] | None] = {}
         self.victim_index = VictimIndex()
-        # (predicted end, gpu ids) of jobs placed in this pass
-        self.placed_ends: list[tuple[float, tuple[int, ...], str]] = []
+        # jobs placed in this pass
+        self.placed_ends: list[Release] = []
+        # gpu id -> running fractional jobs on it
+        self.sharers: dict[int, list[RunState]] = defaultdict(list)
+        self.fence: Fence | None = None
 
     # -- scores -------------------------------------------------------------------------------------------
     def _remaining(self, job: PendingJob | RunningJob) -> float:
@@ -97,13 +132,14 @@ class ConsolePass:
         penalty = self.fair.penalty(job.team, job.user)
         if ordering == "fair-share":
             return penalty / boost
-        return remaining_s * job.gpus * penalty / boost
+        return remaining_s * job.gpus * job_share(job) * penalty / boost
 
     def _running_states(self) -> None:
         config = self.config
         for job in self.snapshot.running:
-            self.team_held[job.team] += job.gpus
-            self.user_held[(job.team, job.user)] += job.gpus
+            units = held_units(job)
+            self.team_held[job.team] += units
+            self.user_held[(job.team, job.user)] += units
             remaining = self._remaining(job)
             hosts: dict[str, tuple[str, int]] = {}
             for gpu_id in job.gpu_ids:
@@ -115,12 +151,34 @@ class ConsolePass:
                 self.now - job.started_at < config.min_run_before_preempt_s
                 or job.preemption_count >= config.max_preemptions_per_job
             )
-            self.states.append(RunState(job, remaining, self._score(job, remaining), protected, hosts))
+            state = RunState(job, remaining, self._score(job, remaining), protected, hosts, units)
+            self.states.append(state)
+            if is_fractional(job):
+                for gpu_id in job.gpu_ids:
+                    self.sharers[gpu_id].append(state)
         self.states.sort(key=RunState.victim_order)
         self.victim_index = VictimIndex.build(self.states)
 
     # -- placement ----------------------------------------------------------------------------------------
-    def _choose(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
+    def _choose(self, job: PendingJob, remaining_s: float) -> Choice | None:
+        if is_fractional(job):
+            return self._choose_share(job)
+        chosen = self._choose_whole(job, remaining_s)
+        return None if chosen is None else (chosen, FULL)
+
+    def _fenced(self, job: PendingJob) -> set[int] | frozenset[int]:
+        fence: set[int] | frozenset[int] = frozenset()
+        if self.fence is not None and int(job.priority) <= self.fence.priority:
+            fence = self.fence.gpu_ids
+        if self.reservation is not None:
+            fence = fence | self.reservation.gpu_ids
+        return fence
+
+    def _choose_share(self, job: PendingJob) -> Choice | None:
+        found = self.free.choose_share(job, min_units(job), self._fenced(job))
+        return None if found is None else ((found[0],), found[1])
+
+    def _choose_whole(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
         # Most jobs of a long queue do not fit: remember the smallest gang that failed since GPUs last came back.
         # (Only for single-host gangs when consolidating: a wider gang may fit across hosts where a narrower
         # one found no host.)
@@ -146,26 +204,46 @@ class ConsolePass:
             reservation.held.difference_update(chosen)  # they stay in the pool: _commit takes them
         return chosen
 
-    def _commit(self, job: PendingJob, gpu_ids: tuple[int, ...], borrowing: bool, remaining_s: float) -> None:
-        self.free.take(gpu_ids)
-        self.team_held[job.team] += job.gpus
-        self.user_held[(job.team, job.user)] += job.gpus
-        self.placements.append(Placement(job.job_id, gpu_ids, borrowing))
-        self.placed_ends.append((self.now + remaining_s, gpu_ids, job.team))
+    def _commit(self, job: PendingJob, choice: Choice, borrowing: bool, remaining_s: float) -> None:
+        gpu_ids, units = choice
+        memory = job.gpu_memory_mb or 0
+        if units == FULL and not is_fractional(job):
+            self.free.take(gpu_ids)
+            share = 1.0
+        else:
+            self.free.take_share(gpu_ids[0], units, memory)
+            share = units / FULL
+        self.team_held[job.team] += units * len(gpu_ids)
+        self.user_held[(job.team, job.user)] += units * len(gpu_ids)
+        self.placements.append(Placement(job.job_id, gpu_ids, borrowing, share))
+        self.placed_ends.append((self.now + remaining_s, gpu_ids, job.team, units, memory))
 
-    def _release(self, gpu_ids: tuple[int, ...]) -> None:
+    def _release(self, state: RunState) -> None:
+        gpu_ids = state.job.gpu_ids
         reservation = self.reservation
+        if is_fractional(state.job):
+            for gpu_id in gpu_ids:
+                reserved = reservation is not None and gpu_id in reservation.gpu_ids
+                emptied = self.free.give_share(gpu_id, state.units, state.job.gpu_memory_mb or 0, not reserved)
+                if emptied and reserved:
+                    reservation.held.add(gpu_id)  # type: ignore[union-attr]
+            return
         if reservation is None:
             self.free.give(gpu_ids)
             return
         self.free.give(g for g in gpu_ids if g not in reservation.gpu_ids)
         reservation.held.update(g for g in gpu_ids if g in reservation.gpu_ids and g in self.free.location)
 
-    def _recapture(self, gpu_ids: tuple[int, ...]) -> None:
+    def _recapture(self, state: RunState) -> None:
         reservation = self.reservation
-        for gpu_id in gpu_ids:
+        for gpu_id in state.job.gpu_ids:
             if reservation is not None and gpu_id in reservation.held:
                 reservation.held.discard(gpu_id)
+                if is_fractional(state.job):
+                    self.free.take_share(gpu_id, state.units, state.job.gpu_memory_mb or 0)
+            elif is_fractional(state.job):
+                if gpu_id in self.free.location:
+                    self.free.take_share(gpu_id, state.units, state.job.gpu_memory_mb or 0)
             elif self.free.is_free(gpu_id):
                 self.free.take((gpu_id,))
 
@@ -179,22 +257,22 @@ class ConsolePass:
             return False
         self.searches += 1
         plan = plan_preemption(
-            job, score, within_quota, quota_room_needed, self.states, self.free, self.config
+            job, score, within_quota, quota_room_needed, self.states, self.free, self.config, self.sharers
         )
         if plan is None:
             return False
         for state, _ in plan.victims:
             state.stopped = True
-            self._release(state.job.gpu_ids)
-            self.team_held[state.job.team] -= state.job.gpus
-            self.user_held[(state.job.team, state.job.user)] -= state.job.gpus
+            self._release(state)
+            self.team_held[state.job.team] -= state.held
+            self.user_held[(state.job.team, state.job.user)] -= state.held
         chosen = self._choose(job, remaining_s)
         if chosen is None:  # the reservation kept GPUs the plan counted on: undo
             for state, _ in plan.victims:
                 state.stopped = False
-                self._recapture(state.job.gpu_ids)
-                self.team_held[state.job.team] += state.job.gpus
-                self.user_held[(state.job.team, state.job.user)] += state.job.gpus
+                self._recapture(state)
+                self.team_held[state.job.team] += state.held
+                self.user_held[(state.job.team, state.job.user)] += state.held
             return False
         for state, kind in plan.victims:
             reason = PREEMPTION_REASONS[kind].format(
@@ -208,16 +286,17 @@ class ConsolePass:
     # -- reservation --------------------------------------------------------------------------------------
     def _reserve(self, job: PendingJob, quota_room_needed: int) -> Reservation | None:
         """GPUs for `job` at the earliest predicted time that they are free and its team is back under quota."""
-        running = [
-            (self.now + s.remaining_s, s.job.gpu_ids, s.job.team) for s in self.states if not s.stopped
-        ]
-        timeline = sorted(running + self.placed_ends, key=lambda item: item[0])
+        timeline = sorted(self._running_releases() + self.placed_ends, key=lambda item: item[0])
         scratch = self.free.copy()
         team_freed = 0
-        for end, gpu_ids, team in timeline:
-            scratch.give(gpu_ids)
+        for end, gpu_ids, team, units, memory in timeline:
+            if units == FULL and gpu_ids and gpu_ids[0] not in scratch.used:
+                scratch.give(gpu_ids)
+            else:
+                for gpu_id in gpu_ids:
+                    scratch.give_share(gpu_id, units, memory)
             if team == job.team:
-                team_freed += len(gpu_ids)
+                team_freed += units * len(gpu_ids)
             if team_freed < quota_room_needed or scratch.count(job.gpu_type) < job.gpus:
                 continue
             chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
@@ -226,6 +305,40 @@ class ConsolePass:
                 held = {g for g in chosen if self.free.is_free(g)}
                 self.free.take(held)
                 return Reservation(job.job_id, end, reserved, held)
+        return None
+
+    def _running_releases(self) -> list[Release]:
+        return [
+            (self.now + s.remaining_s, s.job.gpu_ids, s.job.team, s.units, s.job.gpu_memory_mb or 0)
+            for s in self.states
+            if not s.stopped
+        ]
+
+    def _fraction_fence(self, ordered: list[tuple]) -> Fence | None:
+        """The first whole-GPU job (of the first FENCE_SCAN that could start within quota) that cannot start now
+        but could if the GPUs that fractions hold were empty: those GPUs, and the free ones it would take."""
+        if not self.free.used:
+            return None
+        scratch = self.free.copy()
+        for gpu_id in list(scratch.used):
+            scratch.give_share(gpu_id, scratch.used[gpu_id], scratch.memory_used.get(gpu_id, 0))
+        scanned = 0
+        for _, _, _, _, job, _ in ordered:
+            if is_fractional(job):
+                continue
+            scanned += 1
+            if scanned > FENCE_SCAN:
+                break
+            quota = self.snapshot.quotas.get(job.team)
+            if quota is None or (
+                self.team_held[job.team] + FULL * job.gpus > FULL * quota.max_gpus and not quota.may_borrow
+            ):
+                continue
+            if choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None:
+                continue
+            chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
+            if chosen is not None:
+                return Fence(job.job_id, int(job.priority), frozenset(chosen))
         return None
 
     # -- the pass -----------------------------------------------------------------------------------------
@@ -239,6 +352,14 @@ class ConsolePass:
         if job.gpus > total:
             kind = _type_label(job.gpu_type)
             return "too_large", f"asks for {job.gpus} GPUs{kind}; the cluster has {total} schedulable"
+        if is_fractional(job) and job.gpu_memory_mb is not None:
+            types = {job.gpu_type} if job.gpu_type else set(self.schedulable_total)
+            memories = [m for g, m in self.free.memory.items() if self.free.location[g][1] in types]
+            if memories and all(0 < m < job.gpu_memory_mb for m in memories):
+                return "too_large", (
+                    f"asks for {job.gpu_memory_mb} MB on one GPU{_type_label(job.gpu_type)}; the largest has "
+                    f"{max(memories)} MB"
+                )
         return None
 
     def run(self) -> Decisions:
@@ -251,6 +372,8 @@ class ConsolePass:
                 (-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining)
             )
         ordered.sort()  # job ids are unique: the comparison never reaches the job itself
+        if self.free.used and any(is_fractional(entry[4]) for entry in ordered):
+            self.fence = self._fraction_fence(ordered)
 
         waiting: list[tuple[PendingJob, float, str, str]] = []
         higher_class_waiting: dict[int, int] = defaultdict(int)
@@ -278,21 +401,22 @@ class ConsolePass:
         quota = self.snapshot.quotas.get(job.team)
         if quota is None:
             return "quota", f"team {job.team} has no GPU quota"
-        capacity_key = (job.gpu_type, job.gpus)
+        capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb)
         if capacity_key not in self.capacity_reasons:
             self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         capacity = self.capacity_reasons[capacity_key]
         if capacity is not None:
             return capacity
+        need = min_units(job)
         user_cap = quota.user_max_gpus.get(job.user)
         user_held = self.user_held[(job.team, job.user)]
-        if user_cap is not None and user_held + job.gpus > user_cap:
+        if user_cap is not None and user_held + need > FULL * user_cap:
             return (
                 "user_cap",
-                f"user {job.user} uses {user_held} of the {user_cap} GPUs allowed in team {job.team}",
+                f"user {job.user} uses {fmt_gpus(user_held)} of the {user_cap} GPUs allowed in team {job.team}",
             )
         held = self.team_held[job.team]
-        quota_room_needed = max(0, held + job.gpus - quota.max_gpus)
+        quota_room_needed = max(0, held + need - FULL * quota.max_gpus)
         within_quota = quota_room_needed == 0
         may_borrow = (
             config.borrowing
@@ -303,18 +427,23 @@ class ConsolePass:
         if within_quota or may_borrow:
             chosen = self._choose(job, remaining)
             if chosen is not None:
-                self._commit(job, chosen, not within_quota, remaining)
-                return None
+                # A memory request may take more units on the chosen GPU than the least the quota check assumed.
+                over = held + chosen[1] * len(chosen[0]) > FULL * quota.max_gpus
+                cap_over = user_cap is not None and user_held + chosen[1] > FULL * user_cap
+                if not cap_over and (not over or may_borrow):
+                    self._commit(job, chosen, over, remaining)
+                    return None
         if self._try_preempt(job, score, remaining, within_quota, quota_room_needed):
             return None
         if not within_quota:
             if may_borrow:
                 return "borrow", (
-                    f"team {job.team} uses {held} of its {quota.max_gpus} GPUs; waiting for idle GPUs to borrow"
+                    f"team {job.team} uses {fmt_gpus(held)} of its {quota.max_gpus} GPUs; "
+                    f"waiting for idle GPUs to borrow"
                 )
             # The quota is what stops it only if the GPUs are there (a team alone on the cluster hits both).
-            if choose_gpus(self.free, job.gpus, job.gpu_type, config.consolidate) is not None:
-                return "quota", f"team {job.team} uses {held} of its {quota.max_gpus} GPUs (quota)"
+            if self._fits_now(job):
+                return "quota", f"team {job.team} uses {fmt_gpus(held)} of its {quota.max_gpus} GPUs (quota)"
         if (
             self.reservation is None
             and config.backfill
@@ -328,6 +457,8 @@ class ConsolePass:
         ahead = sum(n for prio, n in higher_class_waiting.items() if prio > int(job.priority))
         if ahead:
             return "priority", f"behind {ahead} higher-priority jobs waiting for GPUs"
+        if is_fractional(job):
+            return self._explain_fraction(job)
         free_now = self.free.count(job.gpu_type)
         head = self.reservation
         if (
@@ -350,7 +481,25 @@ class ConsolePass:
             f"jobs ahead are predicted to finish sooner or have higher priority"
         )
 
+    def _fits_now(self, job: PendingJob) -> bool:
+        if is_fractional(job):
+            return self.free.choose_share(job, min_units(job)) is not None
+        return choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None
+
+    def _explain_fraction(self, job: PendingJob) -> tuple[str, str]:
+        if self._fits_now(job):
+            keeper = self.fence.job_id if self.fence is not None else self.reservation.job_id  # type: ignore[union-attr]
+            return "waiting", (
+                f"waiting for {_asked(job)}{_type_label(job.gpu_type)}: the GPUs with room are kept for whole-GPU "
+                f"job {keeper}, which fractions must not block"
+            )
+        return "waiting", (
+            f"waiting for {_asked(job)}{_type_label(job.gpu_type)}: no GPU has that much room now; "
+            f"jobs ahead are predicted to finish sooner or have higher priority"
+        )
+
     def _fits_with(self, extra: set[int], job: PendingJob) -> bool:
+        # (whole-GPU jobs only)
         self.free.give(extra)
         fits = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None
         self.free.take(extra)
@@ -364,16 +513,23 @@ class ConsolePass:
                 gpu_type = self.free.location[gpu_id][1]
                 free_by_type[gpu_type] = free_by_type.get(gpu_type, 0) + 1
         releases: list[tuple[float, str, int]] = []
-        running = [
-            (self.now + s.remaining_s, s.job.gpu_ids, s.job.team) for s in self.states if not s.stopped
-        ]
-        for end, gpu_ids, _ in running + self.placed_ends:
+        # A GPU shared by fractions is released when the last of them ends.
+        shared_end: dict[int, float] = {}
+        for end, gpu_ids, _, units, _ in self._running_releases() + self.placed_ends:
+            if units < FULL or gpu_ids and gpu_ids[0] in self.free.used:
+                for gpu_id in gpu_ids:
+                    shared_end[gpu_id] = max(end, shared_end.get(gpu_id, end))
+                continue
             counts: dict[str, int] = defaultdict(int)
             for gpu_id in gpu_ids:
                 where = self.free.location.get(gpu_id)
                 if where is not None:
                     counts[where[1]] += 1
             releases.extend((end, gpu_type, n) for gpu_type, n in counts.items())
+        for gpu_id, end in shared_end.items():
+            where = self.free.location.get(gpu_id)
+            if where is not None:
+                releases.append((end, where[1], 1))
         head_id = self.reservation.job_id if self.reservation is not None else None
         head_start = self.reservation.start if self.reservation is not None else None
         queue = [

@@ -33,6 +33,8 @@ class GpuView:
     gpu_type: str
     # False for GPUs marked hot, faulty or draining: they keep running jobs but receive no new ones.
     schedulable: bool = True
+    # Memory of the GPU (0: unknown); jobs asking for gpu_memory_mb get a share of it (see sharing.py).
+    memory_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,10 @@ class PendingJob:
     similarity_key: str | None = None
     # Non-preemptible jobs are never stopped for priority or shortest-first, and never borrow.
     preemptible: bool = True
+    # A fraction of ONE GPU (only with gpus == 1; 0 < share < 1, kept to 1/100): see sharing.py.
+    gpu_share: float = 1.0
+    # Memory wanted on one GPU (only with gpus == 1): the job's share is then at least memory / GPU memory.
+    gpu_memory_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +83,7 @@ class RunningJob:
     started_at: float
     submitted_at: float
     gpu_type: str | None = None
-    # GPU-seconds received BEFORE `started_at` (earlier runs); the policy adds (now - started_at) x gpus.
+    # GPU-seconds received BEFORE `started_at` (earlier runs); the policy adds (now - started_at) x gpus x share.
     attained_gpu_seconds: float = 0.0
     declared_steps: int | None = None
     # Steps done as of `steps_reported_at` (None: as of now); the predictor extrapolates from there.
@@ -90,6 +96,9 @@ class RunningJob:
     similarity_key: str | None = None
     preemptible: bool = True
     steps_reported_at: float | None = None
+    # The share it was placed with (Placement.gpu_share) and the memory it asked for.
+    gpu_share: float = 1.0
+    gpu_memory_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,9 @@ class Placement:
     job_id: int
     gpu_ids: tuple[int, ...]
     borrowing: bool = False
+    # Fraction of the (single) GPU allocated, in 1/100s; 1.0 for whole-GPU jobs. The console stores it with the
+    # allocation and passes it back as RunningJob.gpu_share.
+    gpu_share: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -330,3 +330,33 @@ def notify(alert_id: int) -> dict[str, int]:
         except httpx.HTTPError as exc:
             logger.warning("webhook for alert %s failed: %s", alert.pk, exc)
     return sent
+
+
+def evaluate_service(service, summary: dict[str, Any], now: float | None = None) -> None:
+    """Service rules: p95 above the target (× threshold) or errors at/above the threshold, held for the duration."""
+    now = now or time.time()
+    for rule in rules.of_kind(AlertRule.Kind.SERVICE_LATENCY, AlertRule.Kind.SERVICE_ERRORS):
+        subject = f"service:{service.pk}"
+        if rule.kind == AlertRule.Kind.SERVICE_LATENCY:
+            target, p95 = service.target_p95_ms, summary.get("p95_ms")
+            if target is None:
+                continue
+            limit = target * (rule.threshold or 1.0)
+            holds, clear = p95 is not None and p95 > limit, p95 is None or p95 <= limit
+            message = f"service {service} p95 {p95 or 0:.0f} ms above {limit:.0f} ms for {rule.duration_s} s"
+        else:
+            rate = summary.get("error_rate", 0.0)
+            holds, clear = rate >= rule.threshold > 0, rate < rule.threshold
+            message = f"service {service} error rate {rate:.1%} for {rule.duration_s} s"
+        key = _pending_key(rule.id, subject)
+        since = cache.get(key)
+        if holds:
+            if since is None:
+                cache.set(key, since := now, timeout=PENDING_TTL_S)
+            if now - since >= rule.duration_s and (rule.id, subject) not in rules.open:
+                fire(rule, subject, message, team_id=service.team_id, value=summary.get("p95_ms"))
+        else:
+            if since is not None:
+                cache.delete(key)
+            if clear and (rule.id, subject) in rules.open:
+                resolve(rule.id, subject, "back within target")

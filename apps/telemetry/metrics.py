@@ -90,6 +90,31 @@ class ConsoleCollector:
         for state in (Alert.State.FIRING, Alert.State.ACKNOWLEDGED):
             firing.add_metric([state], alert_counts.get(state, 0))
         yield firing
+        yield from _service_metrics()
+
+
+def _service_metrics():
+    from apps.serving.models import InferenceService
+    from apps.serving.services import service_stats
+
+    labels = ["team", "service"]
+    latency = GaugeMetricFamily("console_service_latency_ms", "Replica latency percentiles (worst replica).",
+                                labels=[*labels, "quantile"])
+    rps = GaugeMetricFamily("console_service_requests_per_second", "Requests per second over all replicas.",
+                            labels=labels)
+    errors = GaugeMetricFamily("console_service_error_rate", "Share of requests that failed.", labels=labels)
+    replicas = GaugeMetricFamily("console_service_replicas", "Replicas by readiness.", labels=[*labels, "state"])
+    for service in InferenceService.objects.filter(state=InferenceService.State.ACTIVE).select_related("team"):
+        stats = service_stats(service)
+        names = [service.team.slug, service.name]
+        for quantile, key in (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms")):
+            if stats.get(key) is not None:
+                latency.add_metric([*names, quantile], stats[key])
+        rps.add_metric(names, stats.get("rps", 0.0))
+        errors.add_metric(names, stats.get("error_rate", 0.0))
+        replicas.add_metric([*names, "ready"], stats.get("ready", 0))
+        replicas.add_metric([*names, "desired"], service.desired_replicas)
+    yield from (latency, rps, errors, replicas)
 
 
 def _allowed(request: HttpRequest) -> bool:

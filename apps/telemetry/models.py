@@ -65,6 +65,8 @@ class AlertRule(models.Model):
         JOB_IDLE = "job_idle", "job holding GPUs below threshold utilization (%)"
         HOST_HEARTBEAT = "host_heartbeat", "host missing heartbeats"
         JOB_OVERRUN = "job_overrun", "job running past its expected end"
+        SERVICE_LATENCY = "service_latency", "service p95 latency above its target × threshold"
+        SERVICE_ERRORS = "service_errors", "service error rate at or above threshold (0-1)"
 
     class Action(models.TextChoices):
         NONE = "none", "notify only"

@@ -54,14 +54,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where job working directories go (default: var/agent/<name>)")
     parser.add_argument("--artifacts", default=os.environ.get("CONSOLE_ARTIFACTS", "var/artifacts"),
                         help="artifact store directory shared with the console (path or file:// URL)")
-    parser.add_argument("--address", default=os.environ.get("GPU_AGENT_ADDRESS", ""),
-                        help="address other hosts use to reach this one (multi-host rendezvous)")
+    parser.add_argument("--address", default=os.environ.get("GPU_AGENT_ADDRESS") or default_address(),
+                        help="address the console and other hosts use to reach this one (multi-host rendezvous, "
+                             "inference replicas); default: this host name's address")
     parser.add_argument("--concurrency", type=int, default=8, help="dispatch messages handled at once")
     parser.add_argument("--grace-s", type=float, default=5.0, help="SIGTERM to SIGKILL grace when stopping jobs")
     parser.add_argument("--fault-file", default=os.environ.get("GPU_AGENT_FAULT_FILE"),
                         help="simulated backend: JSON file of injected faults")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
+
+
+def default_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def read_token(args: argparse.Namespace) -> str:

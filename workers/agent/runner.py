@@ -343,17 +343,17 @@ class JobRunner:
         except FileNotFoundError:
             return offset
         complete = data[: data.rfind(b"\n") + 1]
-        latest = None
+        latest: dict[str, dict] = {}
         for line in complete.splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("type") == "progress":
-                latest = record
-        if latest is not None:
+            if isinstance(record, dict) and record.get("type") in {"progress", "serving"}:
+                latest[record["type"]] = record  # the newest of each kind: a replica's port, training progress
+        for record in latest.values():
             try:
-                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, latest)
+                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, record)
             except Exception as exc:  # noqa: BLE001 - progress is advisory
                 logger.debug("progress of job %s not sent: %s", job.dispatch.job_id, exc)
         return offset + len(complete)
@@ -371,6 +371,16 @@ class JobRunner:
 
     def command(self, dispatch: Dispatch) -> list[str]:
         workload = dispatch.workload
+        if "serve" in workload:
+            serve = workload["serve"]
+            argv = [self.python, "-m", "workers.runtime.serve", "--workload", str(serve["workload"]), "--port", "0",
+                    "--max-batch", str(int(serve.get("max_batch", 32))),
+                    "--max-wait-ms", str(float(serve.get("max_wait_ms", 5.0)))]
+            if not serve.get("batching", True):
+                argv.append("--no-batching")
+            if serve.get("checkpoint"):
+                argv += ["--checkpoint", str(self.artifacts_root / str(serve["checkpoint"]))]
+            return argv
         if "builtin" in workload:
             program = ["-m", "workers.runtime.run_builtin", "--workload", str(workload["builtin"]),
                        "--kind", dispatch.kind, "--params", json.dumps(workload.get("params") or {})]

@@ -1,0 +1,280 @@
+"""Inference services: create, scale and delete them; keep their replicas running; scale on measured load.
+
+A replica is an ordinary inference job (so quotas, priorities, borrowing and preemption apply to it) whose process
+is the replica server `workers.runtime.serve`. The reconciler (Celery beat, every few seconds) restarts replicas
+that ended, polls each ready replica's /stats, publishes the ready endpoints for the gateway, and autoscales.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.models import Role, Team
+from apps.accounts.selectors import has_role
+from apps.jobs.errors import JobPermissionError, JobSpecError
+from apps.jobs.models import Job
+from apps.jobs.services import JobSpec, job_release, job_submit
+from apps.serving.models import InferenceService, ServiceEvent, ServiceReplica
+from workers.runtime.catalog import PRESETS, WORKLOADS
+
+logger = logging.getLogger(__name__)
+SCALE_COOLDOWN_S = 15.0
+IDLE_RPS = 0.05
+STATS_TTL_S = 30
+
+
+def replicas_key(service_id: int) -> str:
+    return f"serving:replicas:{service_id}"
+
+
+def stats_key(service_id: int) -> str:
+    return f"serving:stats:{service_id}"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    team: Team
+    name: str
+    workload: str
+    checkpoint: str = ""
+    preset: str = "infer-fp32"
+    gpus_per_replica: int = 1
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_p95_ms: float | None = None
+    target_rps_per_replica: float | None = None
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    batching: bool = True
+
+
+def _validate(spec: ServiceSpec) -> None:
+    errors: dict[str, list[str]] = {}
+    workload = WORKLOADS.get(spec.workload)
+    if workload is None or "inference" not in workload.kinds:
+        errors["workload"] = [f"Unknown built-in workload '{spec.workload}'; GET /api/v1/workloads/ lists them."]
+    preset = PRESETS.get(spec.preset)
+    if preset is None or preset.kind != "inference":
+        errors["preset"] = [f"'{spec.preset}' is not an inference preset (infer-fp32, infer-fp16, infer-bf16, "
+                            "infer-int8, infer-compiled)."]
+    if spec.min_replicas > spec.max_replicas:
+        errors["min_replicas"] = ["min_replicas may not exceed max_replicas."]
+    if spec.checkpoint:
+        job_id = spec.checkpoint.split("/", 1)[0]
+        source = Job.objects.filter(pk=int(job_id) if job_id.isdigit() else 0).first()
+        if source is None or source.team_id != spec.team.pk:
+            errors["checkpoint"] = ["The checkpoint must come from a job of the same team: '<job id>/<path>'."]
+        elif ".." in spec.checkpoint.split("/") or spec.checkpoint.startswith("/"):
+            errors["checkpoint"] = ["The checkpoint path must stay inside the job's artifacts."]
+    if errors:
+        raise JobSpecError(errors)
+
+
+def service_create(*, user: AbstractBaseUser, spec: ServiceSpec) -> InferenceService:
+    if not has_role(user, spec.team, Role.MEMBER):
+        raise JobPermissionError(f"Only members of team {spec.team.slug} may create its services.")
+    _validate(spec)
+    if InferenceService.objects.filter(team=spec.team, name=spec.name).exclude(
+            state=InferenceService.State.DELETED).exists():
+        raise JobSpecError({"name": [f"Team {spec.team.slug} already has a service named '{spec.name}'."]})
+    with transaction.atomic():
+        service = InferenceService.objects.create(
+            team=spec.team, name=spec.name, owner=user, workload=spec.workload, checkpoint=spec.checkpoint,
+            preset=spec.preset, gpus_per_replica=spec.gpus_per_replica, min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas, target_p95_ms=spec.target_p95_ms,
+            target_rps_per_replica=spec.target_rps_per_replica, max_batch=spec.max_batch,
+            max_wait_ms=spec.max_wait_ms, batching=spec.batching, desired_replicas=spec.min_replicas or 1,
+        )
+        _event(service, "created", f"created by {user.get_username()} with {service.desired_replicas} replica(s)")
+        for _ in range(service.desired_replicas):
+            _start_replica(service, "initial replica")
+    return service
+
+
+def service_scale(*, service: InferenceService, user: AbstractBaseUser, changes: dict[str, Any]) -> InferenceService:
+    if not has_role(user, service.team, Role.MEMBER):
+        raise JobPermissionError("Only the team's members may scale its services.")
+    with transaction.atomic():
+        service = InferenceService.objects.select_for_update().get(pk=service.pk)
+        for name in ("min_replicas", "max_replicas", "target_p95_ms", "target_rps_per_replica"):
+            if name in changes:
+                setattr(service, name, changes[name])
+        if service.min_replicas > service.max_replicas:
+            raise JobSpecError({"min_replicas": ["min_replicas may not exceed max_replicas."]})
+        desired = min(max(service.desired_replicas, service.min_replicas), service.max_replicas)
+        if desired != service.desired_replicas:
+            _event(service, "scale", f"replicas {service.desired_replicas} → {desired}: bounds changed by "
+                                     f"{user.get_username()}")
+            service.desired_replicas = desired
+        service.save()
+    return service
+
+
+def service_delete(*, service: InferenceService, user: AbstractBaseUser) -> InferenceService:
+    if not has_role(user, service.team, Role.MEMBER):
+        raise JobPermissionError("Only the team's members may delete its services.")
+    with transaction.atomic():
+        service = InferenceService.objects.select_for_update().get(pk=service.pk)
+        if service.state == InferenceService.State.DELETED:
+            return service
+        for replica in service.replicas.filter(retired=False).select_related("job"):
+            job_release(replica.job_id, f"service {service} deleted by {user.get_username()}")
+            ServiceReplica.objects.filter(pk=replica.pk).update(retired=True)
+        service.state = InferenceService.State.DELETED
+        service.save(update_fields=["state"])
+        _event(service, "deleted", f"deleted by {user.get_username()}; its replicas were stopped")
+    cache.delete_many([replicas_key(service.pk), stats_key(service.pk)])
+    return service
+
+
+def _event(service: InferenceService, kind: str, reason: str, **data: Any) -> None:
+    ServiceEvent.objects.create(service=service, kind=kind, reason=reason[:500], data=data)
+
+
+def _start_replica(service: InferenceService, reason: str) -> ServiceReplica:
+    spec = JobSpec(
+        name=f"{service.name}-replica", kind=Job.Kind.INFERENCE, gpus=service.gpus_per_replica, team=service.team.slug,
+        preset=service.preset, time_limit_minutes=settings.JOBS_MAX_TIME_LIMIT_MINUTES, max_retries=3,
+        workload={"serve": {"workload": service.workload, "checkpoint": service.checkpoint,
+                            "max_batch": service.max_batch, "max_wait_ms": service.max_wait_ms,
+                            "batching": service.batching}},
+    )
+    job = job_submit(user=service.owner, spec=spec)
+    replica = ServiceReplica.objects.create(service=service, job=job)
+    _event(service, "replica_started", f"replica job {job.pk} submitted: {reason}", job=job.pk)
+    return replica
+
+
+# --- the reconciler
+
+
+def _poll(endpoint: str) -> dict[str, Any] | None:
+    try:
+        response = httpx.get(f"{endpoint}/stats", timeout=1.0)
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def reconcile(service: InferenceService, now: float | None = None) -> dict[str, Any]:
+    now = now or time.time()
+    live: list[ServiceReplica] = []
+    for replica in service.replicas.filter(retired=False).select_related("job"):
+        if replica.job.is_final:
+            ServiceReplica.objects.filter(pk=replica.pk).update(retired=True)
+            _event(service, "replica_ended", f"replica job {replica.job_id} {replica.job.state}: "
+                                             f"{replica.job.failure_reason or 'ended'}", job=replica.job_id)
+        else:
+            live.append(replica)
+    ready, stats = [], []
+    for replica in live:
+        endpoint = replica.job.runtime_info.get("endpoint")
+        if replica.job.state != Job.State.RUNNING or not endpoint:
+            continue
+        polled = _poll(endpoint)
+        if polled is not None:
+            ready.append({"job": replica.job_id, "url": endpoint})
+            stats.append(polled)
+    cache.set(replicas_key(service.pk), ready, timeout=STATS_TTL_S)
+    summary = _summarize(stats, len(live), len(ready))
+    cache.set(stats_key(service.pk), summary, timeout=STATS_TTL_S)
+    from apps.telemetry.alerts import evaluate_service
+
+    evaluate_service(service, summary, now)
+    desired, reason = autoscale_decision(service, summary, now)
+    with transaction.atomic():
+        if desired != service.desired_replicas:
+            _event(service, "scale_up" if desired > service.desired_replicas else "scale_down",
+                   f"replicas {service.desired_replicas} → {desired}: {reason}", **summary)
+            InferenceService.objects.filter(pk=service.pk).update(desired_replicas=desired,
+                                                                  last_scaled_at=timezone.now())
+            service.desired_replicas = desired
+        for _ in range(service.desired_replicas - len(live)):
+            _start_replica(service, "keeping the service at its desired replicas")
+        surplus = len(live) - service.desired_replicas
+        for replica in sorted(live, key=lambda r: (r.job.state == Job.State.RUNNING, -r.pk))[:max(surplus, 0)]:
+            job_release(replica.job_id, f"service {service} scaled down")
+            ServiceReplica.objects.filter(pk=replica.pk).update(retired=True)
+    return summary
+
+
+def _summarize(stats: list[dict[str, Any]], live: int, ready: int) -> dict[str, Any]:
+    def worst(key: str) -> float | None:
+        values = [s["latency_ms"][key] for s in stats if s.get("latency_ms", {}).get(key) is not None]
+        return max(values) if values else None
+
+    requests = sum(s.get("requests", 0) for s in stats)
+    errors = sum(s.get("errors", 0) for s in stats)
+    return {
+        "replicas": live, "ready": ready, "rps": round(sum(s.get("rps", 0.0) for s in stats), 3),
+        "p50_ms": worst("p50"), "p95_ms": worst("p95"), "p99_ms": worst("p99"),
+        "queue_depth": sum(s.get("queue_depth", 0) for s in stats),
+        "error_rate": round(errors / requests, 4) if requests else 0.0, "requests": requests,
+    }
+
+
+def autoscale_decision(service: InferenceService, summary: dict[str, Any], now: float) -> tuple[int, str]:
+    """The replica count the measured load asks for, within bounds and after a cool-down."""
+    current = service.desired_replicas
+    bounded = min(max(current, service.min_replicas), service.max_replicas)
+    if bounded != current:
+        return bounded, "outside the min/max bounds"
+    last = service.last_scaled_at.timestamp() if service.last_scaled_at else 0.0
+    if now - last < SCALE_COOLDOWN_S or summary["ready"] < min(current, 1):
+        return current, "cooling down"
+    p95, rps, ready = summary["p95_ms"], summary["rps"], max(summary["ready"], 1)
+    per_replica = rps / ready
+    over_latency = service.target_p95_ms is not None and p95 is not None and p95 > service.target_p95_ms
+    over_rate = service.target_rps_per_replica is not None and per_replica > service.target_rps_per_replica
+    if (over_latency or over_rate or summary["queue_depth"] > 4 * service.max_batch) and current < service.max_replicas:
+        why = (f"p95 {p95:.0f} ms > target {service.target_p95_ms:.0f} ms" if over_latency else
+               f"{per_replica:.1f} req/s per replica > target {service.target_rps_per_replica:.1f}" if over_rate else
+               f"queue depth {summary['queue_depth']}")
+        return current + 1, why
+    if current > service.min_replicas:
+        if rps < IDLE_RPS:
+            return service.min_replicas, f"idle ({rps:.2f} req/s): back to the minimum"
+        fewer = current - 1
+        calm_latency = service.target_p95_ms is None or (p95 is not None and p95 < service.target_p95_ms / 2)
+        calm_rate = service.target_rps_per_replica is None or rps / fewer < service.target_rps_per_replica * 0.7
+        if calm_latency and calm_rate:
+            return fewer, f"load fits {fewer} replica(s): {rps:.1f} req/s, p95 {p95 or 0:.0f} ms"
+    return current, "steady"
+
+
+def reconcile_all() -> int:
+    count = 0
+    for service in InferenceService.objects.filter(state=InferenceService.State.ACTIVE).select_related("team",
+                                                                                                      "owner"):
+        try:
+            reconcile(service)
+            count += 1
+        except Exception:  # noqa: BLE001 - one broken service must not stop the others
+            logger.exception("reconciling service %s failed", service)
+    return count
+
+
+def service_stats(service: InferenceService) -> dict[str, Any]:
+    return cache.get(stats_key(service.pk)) or {"replicas": 0, "ready": 0, "rps": 0.0, "p50_ms": None,
+                                                 "p95_ms": None, "p99_ms": None, "queue_depth": 0,
+                                                 "error_rate": 0.0, "requests": 0}
+
+
+def ready_replicas(service_id: int) -> list[dict[str, Any]]:
+    return cache.get(replicas_key(service_id)) or []
+
+
+def recent_events(service: InferenceService, since: timedelta = timedelta(days=7)):
+    return service.events.filter(created_at__gte=timezone.now() - since)
