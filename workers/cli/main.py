@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from workers.cli import services
 from workers.cli.client import Api
 from workers.cli.config import (
     DEFAULT_URL,
@@ -398,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     presets.add_argument("--json", action="store_true")
     workloads = command("workloads", cmd_workloads, "The built-in workloads and their parameters.")
     workloads.add_argument("--json", action="store_true")
+    services.add_commands(commands)
     return parser
 
 
