@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from apps.scheduling.placement import FreeGpus, choose_gpus
+from apps.scheduling.sharing import job_share
 from apps.scheduling.types import (
     Decisions,
     PendingInfo,
@@ -31,7 +32,7 @@ TIRESIAS_THRESHOLDS_GPU_S = (3250.0, 7200.0, 18000.0)
 
 def attained_gpu_s(job: AnyJob, now: float) -> float:
     if isinstance(job, RunningJob):
-        return job.attained_gpu_seconds + max(0.0, now - job.started_at) * job.gpus
+        return job.attained_gpu_seconds + max(0.0, now - job.started_at) * job.gpus * job_share(job)
     return job.attained_gpu_seconds
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from apps.scheduling.placement import FreeGpus, choose_gpus
+from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import Decisions, PendingInfo, PendingJob, Placement, Snapshot
 
 
@@ -19,11 +20,12 @@ def queue_order(job: PendingJob) -> tuple[int, float, int]:
 
 def schedule_fcfs(snapshot: Snapshot) -> Decisions:
     free = FreeGpus.from_snapshot(snapshot)
+    # GPUs held, in units of 1/100 GPU (fractions count their share: sharing.py)
     team_held: dict[str, int] = defaultdict(int)
     user_held: dict[tuple[str, str], int] = defaultdict(int)
     for running in snapshot.running:
-        team_held[running.team] += running.gpus
-        user_held[(running.team, running.user)] += running.gpus
+        team_held[running.team] += held_units(running)
+        user_held[(running.team, running.user)] += held_units(running)
 
     placements: list[Placement] = []
     pending: dict[int, PendingInfo] = {}
@@ -34,31 +36,56 @@ def schedule_fcfs(snapshot: Snapshot) -> Decisions:
             position += 1
             pending[job.job_id] = PendingInfo(f"team {job.team} has no quota", position, code="quota")
             continue
-        if team_held[job.team] + job.gpus > quota.max_gpus:
+        need = min_units(job)
+        held = team_held[job.team]
+        if held + need > FULL * quota.max_gpus:
             position += 1
-            code, reason = "quota", f"team {job.team} holds {team_held[job.team]} of {quota.max_gpus} GPUs"
+            code, reason = "quota", f"team {job.team} holds {fmt_gpus(held)} of {quota.max_gpus} GPUs"
             pending[job.job_id] = PendingInfo(reason, position, code=code)
             continue
         user_cap = quota.user_max_gpus.get(job.user)
-        if user_cap is not None and user_held[(job.team, job.user)] + job.gpus > user_cap:
+        if user_cap is not None and user_held[(job.team, job.user)] + need > FULL * user_cap:
             position += 1
-            held = user_held[(job.team, job.user)]
+            user = fmt_gpus(user_held[(job.team, job.user)])
             code, reason = (
                 "user_cap",
-                f"user {job.user} holds {held} of {user_cap} GPUs allowed in team {job.team}",
+                f"user {job.user} holds {user} of {user_cap} GPUs allowed in team {job.team}",
             )
             pending[job.job_id] = PendingInfo(reason, position, code=code)
             continue
-        gpu_ids = choose_gpus(free, job.gpus, job.gpu_type)
-        if gpu_ids is None:
+        choice = _choose(free, job)
+        if choice is not None and (
+            held + choice[1] > FULL * quota.max_gpus
+            or (user_cap is not None and user_held[(job.team, job.user)] + choice[1] > FULL * user_cap)
+        ):
+            # A memory request takes more of the chosen GPU than the quota allows: put it back.
+            free.give_share(choice[0][0], choice[1], job.gpu_memory_mb or 0)
+            choice = None
+        if choice is None:
             position += 1
             kind = f" of type {job.gpu_type}" if job.gpu_type else ""
             available = free.count(job.gpu_type)
-            code, reason = "waiting", f"waiting for {job.gpus} free GPUs{kind} ({available} free now)"
+            asked = f"{job.gpus} free GPUs" if not is_fractional(job) else "room on a GPU"
+            code, reason = "waiting", f"waiting for {asked}{kind} ({available} free now)"
             pending[job.job_id] = PendingInfo(reason, position, code=code)
             continue
-        free.take(gpu_ids)
-        team_held[job.team] += job.gpus
-        user_held[(job.team, job.user)] += job.gpus
-        placements.append(Placement(job.job_id, gpu_ids))
+        gpu_ids, units = choice
+        team_held[job.team] += units
+        user_held[(job.team, job.user)] += units
+        placements.append(Placement(job.job_id, gpu_ids, gpu_share=1.0 if units >= FULL else units / FULL))
     return Decisions(placements=tuple(placements), pending=pending)
+
+
+def _choose(free: FreeGpus, job: PendingJob) -> tuple[tuple[int, ...], int] | None:
+    """Takes and returns (gpu ids, units in all) for the job, or None."""
+    if is_fractional(job):
+        found = free.choose_share(job, min_units(job))
+        if found is None:
+            return None
+        free.take_share(found[0], found[1], job.gpu_memory_mb or 0)
+        return (found[0],), found[1]
+    gpu_ids = choose_gpus(free, job.gpus, job.gpu_type)
+    if gpu_ids is None:
+        return None
+    free.take(gpu_ids)
+    return gpu_ids, FULL * job.gpus

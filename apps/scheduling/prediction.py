@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
+from apps.scheduling.sharing import job_share
 from apps.scheduling.types import PendingJob, RunningJob
 
 # Recent finished runs kept per (user, similarity key): old behaviour stops mattering.
@@ -59,7 +60,7 @@ class RuntimeHistory:
 
 def elapsed_run_s(job: PendingJob | RunningJob, now: float) -> float:
     """Wall-clock seconds the job has run in total (earlier runs plus the current one)."""
-    earlier = job.attained_gpu_seconds / job.gpus if job.gpus else 0.0
+    earlier = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.gpus else 0.0
     if isinstance(job, RunningJob):
         return earlier + max(0.0, now - job.started_at)
     return earlier
@@ -92,7 +93,8 @@ def predict_remaining_s(
     job: PendingJob | RunningJob, now: float, history: RuntimeHistory | None, default_s: float
 ) -> float:
     running = isinstance(job, RunningJob)
-    elapsed = job.attained_gpu_seconds / job.gpus if job.gpus else 0.0
+    # Attained service is in GPU-seconds; a fraction of a GPU earns its share per second.
+    elapsed = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.gpus else 0.0
     if running:
         elapsed += max(0.0, now - job.started_at)  # type: ignore[union-attr]
     step = job.observed_step_s

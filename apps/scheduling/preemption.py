@@ -5,6 +5,10 @@ is within its own quota (reclaim: no minimum run time, no cap; borrowing was the
 a lower priority class; a job of the same team and class whose predicted remaining GPU-time is `ratio` times
 longer. The last two only once the victim has run its minimum time and while it is under its preemption cap.
 Victims are taken cheapest first: reclaimable borrowers, then lower classes, then the longest remaining.
+
+Fractional jobs are ordinary victims, but stopping some of the fractions on a GPU frees no whole GPU: the fractions
+sharing a GPU are taken together, as one victim that frees that GPU, and only when every one of them may be
+stopped. A waiting fraction asks for one whole GPU this way (a GPU with room would have been used already).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.placement import FreeGpus
+from apps.scheduling.sharing import FULL, is_fractional
 from apps.scheduling.types import PendingJob, RunningJob
 
 RECLAIM = "reclaim"
@@ -30,7 +35,14 @@ class RunState:
     protected: bool
     # host -> (gpu type, schedulable GPUs of this job on that host)
     hosts: dict[str, tuple[str, int]]
+    # Units of each of its GPUs that it holds (sharing.FULL for whole GPUs).
+    units: int = FULL
     stopped: bool = False
+
+    @property
+    def held(self) -> int:
+        """Units held in all (quota accounting)."""
+        return self.units * len(self.job.gpu_ids) if is_fractional(self.job) else FULL * self.job.gpus
 
     def victim_order(self) -> tuple[int, int, float, int]:
         return (0 if self.job.borrowing else 1, int(self.job.priority), -self.score, self.job.job_id)
@@ -126,7 +138,35 @@ class VictimPlan:
 
     def cost(self) -> tuple[int, int, int]:
         worst = max((int(v.job.priority) for v, _ in self.victims), default=-1)
-        return (worst, sum(v.job.gpus for v, _ in self.victims), len(self.victims))
+        return (worst, sum(v.held for v, _ in self.victims), len(self.victims))
+
+
+# Victims that free GPUs together: one whole-GPU job, or all the fractions sharing one GPU.
+Group = list[tuple[RunState, str]]
+
+
+def _groups_on_hosts(
+    gpu_type: str, eligible: list[tuple[RunState, str]], sharers: dict[int, list[RunState]]
+) -> dict[str, list[tuple[Group, int]]]:
+    """host -> (victim group, GPUs it frees there), in victim order (a group of fractions comes when its last
+    member does)."""
+    on_host: dict[str, list[tuple[Group, int]]] = {}
+    kinds = {id(state): kind for state, kind in eligible}
+    rank = {id(state): i for i, (state, _) in enumerate(eligible)}
+    for state, kind in eligible:
+        if not is_fractional(state.job):
+            for host, (host_type, count) in state.hosts.items():
+                if host_type == gpu_type:
+                    on_host.setdefault(host, []).append(([(state, kind)], count))
+            continue
+        for host, (host_type, _) in state.hosts.items():
+            if host_type != gpu_type:
+                continue
+            for gpu_id in state.job.gpu_ids:
+                members = [s for s in sharers.get(gpu_id, ()) if not s.stopped]
+                if all(id(s) in kinds for s in members) and max(members, key=lambda s: rank[id(s)]) is state:
+                    on_host.setdefault(host, []).append(([(s, kinds[id(s)]) for s in members], 1))
+    return on_host
 
 
 def _plan_for_type(
@@ -136,15 +176,12 @@ def _plan_for_type(
     free: FreeGpus,
     quota_room_needed: int,
     consolidate: bool,
+    sharers: dict[int, list[RunState]],
 ) -> VictimPlan | None:
     free_on = {host: len(ids) for host, ids in free.free.get(gpu_type, {}).items()}
-    on_host: dict[str, list[tuple[RunState, str, int]]] = {}
-    for state, kind in eligible:
-        for host, (host_type, count) in state.hosts.items():
-            if host_type == gpu_type:
-                on_host.setdefault(host, []).append((state, kind, count))
+    on_host = _groups_on_hosts(gpu_type, eligible, sharers)
     freeable = {
-        h: free_on.get(h, 0) + sum(c for _, _, c in on_host.get(h, ())) for h in free_on.keys() | on_host
+        h: free_on.get(h, 0) + sum(c for _, c in on_host.get(h, ())) for h in free_on.keys() | on_host
     }
     if sum(freeable.values()) < job.gpus:
         return None
@@ -152,12 +189,15 @@ def _plan_for_type(
     chosen: dict[int, tuple[RunState, str]] = {}
 
     def stop_until(host: str, needed: int) -> None:
-        have = free_on.get(host, 0) + sum(c for s, _, c in on_host.get(host, ()) if s.job.job_id in chosen)
-        for state, kind, count in on_host.get(host, ()):
+        have = free_on.get(host, 0) + sum(
+            c for group, c in on_host.get(host, ()) if all(s.job.job_id in chosen for s, _ in group)
+        )
+        for group, count in on_host.get(host, ()):
             if have >= needed:
                 return
-            if state.job.job_id not in chosen:
-                chosen[state.job.job_id] = (state, kind)
+            if not all(s.job.job_id in chosen for s, _ in group):
+                for state, kind in group:
+                    chosen[state.job.job_id] = (state, kind)
                 have += count
 
     capacity = free.host_capacity.get(gpu_type, 0)
@@ -191,14 +231,14 @@ def _plan_for_type(
                 break
 
     # Same-team victims also make room inside the team's quota.
-    freed_in_team = sum(s.job.gpus for s, _ in chosen.values() if s.job.team == job.team)
+    freed_in_team = sum(s.held for s, _ in chosen.values() if s.job.team == job.team)
     if freed_in_team < quota_room_needed:
         for state, kind in eligible:
             if freed_in_team >= quota_room_needed:
                 break
             if state.job.team == job.team and state.job.job_id not in chosen:
                 chosen[state.job.job_id] = (state, kind)
-                freed_in_team += state.job.gpus
+                freed_in_team += state.held
         if freed_in_team < quota_room_needed:
             return None
     return VictimPlan(list(chosen.values()), gpu_type)
@@ -212,8 +252,10 @@ def plan_preemption(
     states: list[RunState],
     free: FreeGpus,
     config: PolicyConfig,
+    sharers: dict[int, list[RunState]] | None = None,
 ) -> VictimPlan | None:
-    """The cheapest set of victims after which `job` fits, or None. `states` must be in victim order."""
+    """The cheapest set of victims after which `job` fits, or None. `states` must be in victim order;
+    `sharers`: gpu id -> the running fractions on it. `quota_room_needed` is in units (sharing.FULL a GPU)."""
     eligible: list[tuple[RunState, str]] = []
     for state in states:
         kind = victim_kind(state, job, job_score, within_quota, config)
@@ -223,7 +265,9 @@ def plan_preemption(
         return None
     best: VictimPlan | None = None
     for gpu_type in [job.gpu_type] if job.gpu_type else free.types():
-        plan = _plan_for_type(job, gpu_type, eligible, free, quota_room_needed, config.consolidate)
+        plan = _plan_for_type(
+            job, gpu_type, eligible, free, quota_room_needed, config.consolidate, sharers or {}
+        )
         if plan is not None and plan.victims and (best is None or plan.cost() < best.cost()):
             best = plan
     return best

@@ -151,7 +151,8 @@ class ConsolePass:
                 self.now - job.started_at < config.min_run_before_preempt_s
                 or job.preemption_count >= config.max_preemptions_per_job
             )
-            state = RunState(job, remaining, self._score(job, remaining), protected, hosts, units)
+            per_gpu = units if is_fractional(job) else FULL
+            state = RunState(job, remaining, self._score(job, remaining), protected, hosts, per_gpu)
             self.states.append(state)
             if is_fractional(job):
                 for gpu_id in job.gpu_ids:
@@ -487,11 +488,11 @@ class ConsolePass:
         return choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None
 
     def _explain_fraction(self, job: PendingJob) -> tuple[str, str]:
-        if self._fits_now(job):
-            keeper = self.fence.job_id if self.fence is not None else self.reservation.job_id  # type: ignore[union-attr]
+        keeper = self.fence or self.reservation
+        if keeper is not None and self._fits_now(job):
             return "waiting", (
                 f"waiting for {_asked(job)}{_type_label(job.gpu_type)}: the GPUs with room are kept for whole-GPU "
-                f"job {keeper}, which fractions must not block"
+                f"job {keeper.job_id}, which fractions must not block"
             )
         return "waiting", (
             f"waiting for {_asked(job)}{_type_label(job.gpu_type)}: no GPU has that much room now; "
