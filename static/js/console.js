@@ -176,11 +176,13 @@
     if (!input) { return; }
     input.select();
     var done = function () { button.textContent = "Copied"; };
+    var copied = false;
+    try { copied = document.execCommand("copy"); } catch (e) { copied = false; }
+    if (copied) { done(); return; }
     if (navigator.clipboard && window.isSecureContext) {
-      navigator.clipboard.writeText(input.value).then(done, function () { document.execCommand("copy"); done(); });
+      navigator.clipboard.writeText(input.value).then(done, function () { button.textContent = "Select and copy by hand"; });
     } else {
-      document.execCommand("copy");
-      done();
+      button.textContent = "Select and copy by hand";
     }
   });
 

@@ -119,3 +119,30 @@ def test_overview_renders_and_degrades_without_websocket(world, page_for, artifa
     page.screenshot(path=str(artifacts / "overview.png"), full_page=True)
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+
+
+def test_admin_pages_render_without_script_errors(world, page_for, artifacts):
+    from apps.quotas.models import QuotaRequest
+    from apps.telemetry.models import JobGpuStats
+
+    start = timezone.now() - timedelta(hours=3)
+    for n, team, user in ((0, world.vision, world.member), (1, world.nlp, world.other)):
+        job = make_job(team, user, state=Job.State.SUCCEEDED, gpus=2, name=f"done-{n}")
+        hold(job, world.gpus[2 * n:2 * n + 2], start, start + timedelta(hours=2))
+        JobGpuStats.objects.create(job=job, samples=10, utilization_sum=10 * (35 + 50 * n), utilization_max=99)
+    QuotaRequest.objects.create(team=world.vision, requested_by=world.manager, max_gpus=16, reason="deadline")
+    page = page_for(world.admin)
+    page.goto("/reports/usage/")
+    assert page.locator("#by-team tbody tr").count() == 2
+    assert page.locator("#id_start").input_value().endswith("-01")  # the default period: this month
+    page.screenshot(path=str(artifacts / "usage-report.png"), full_page=True)
+    page.goto("/teams/vision/")
+    page.get_by_role("button", name="Approve").click()
+    assert "approved" in page.locator(".messages").inner_text()
+    page.goto("/alerts/")
+    page.goto("/accounts/tokens/")
+    page.get_by_label("Name").fill("ci")
+    page.get_by_role("button", name="Create").click()
+    assert page.locator("#new-token").input_value().startswith("gpc")
+    page.get_by_role("button", name="Copy").click()
+    page.get_by_role("button", name="Copied").wait_for()
