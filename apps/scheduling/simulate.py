@@ -1,5 +1,10 @@
 """Trace-driven simulator command line.
 
+`console-share` is the console policy with GPU sharing for the trace's 1-GPU jobs: whenever the waiting jobs ask
+for more GPUs than are free, 1-GPU jobs are offered to the pass as half-GPU fractions (at most SHARE_SLOTS per
+GPU), and the fractions of a pass are paired by complementary resource profiles (pairing.py); shared jobs slow
+down by the interference model (interference.py).
+
 python -m apps.scheduling.simulate --trace FILE --format muri|tiresias --cluster 8x8 --policy NAME[,NAME|all]
     [--preempt-cost-s S] [--runtime-model duration|muri] [--teams N] [--json]
 """
@@ -15,7 +20,9 @@ from dataclasses import replace
 
 from apps.scheduling.baselines import OracleShortest, OracleShortestJobFirst, Tiresias2DLAS
 from apps.scheduling.config import PolicyConfig
+from apps.scheduling.interference import profile
 from apps.scheduling.metrics import Summary, summarize
+from apps.scheduling.pairing import pair_complementary
 from apps.scheduling.policy import schedule
 from apps.scheduling.simulation import Simulator
 from apps.scheduling.trace import RUNTIME_MODELS, TraceJob, build_hosts, load_trace, parse_cluster
@@ -32,7 +39,10 @@ POLICY_NAMES = (
     "fair-share",
     "fifo-backfill",
     "console",
+    "console-share",
 )
+# 1-GPU jobs per GPU under console-share
+SHARE_SLOTS = 2
 
 
 def assign_teams(jobs: list[TraceJob], teams: int) -> list[TraceJob]:
@@ -53,7 +63,29 @@ def team_quotas(jobs: list[TraceJob], total_gpus: int) -> dict[str, TeamQuotaVie
     return {name: TeamQuotaView(name, each, may_borrow=True) for name in names}
 
 
+def console_share(sim: Simulator, config: PolicyConfig) -> Callable[[Snapshot], Decisions]:
+    policy_config = replace(config, policy="console")
+    share = 1.0 / SHARE_SLOTS
+
+    def profile_of(job_id: int):
+        trace = sim.jobs[job_id].trace
+        return profile(trace.step_s, trace.resource_s)
+
+    def decide(snapshot: Snapshot) -> Decisions:
+        used = {g for job in snapshot.running for g in job.gpu_ids}
+        free = sim.gpus - len(used)
+        if sum(job.gpus for job in snapshot.pending) > free:
+            pending = tuple(replace(j, gpu_share=share) if j.gpus == 1 else j for j in snapshot.pending)
+            snapshot = replace(snapshot, pending=pending)
+        decisions = schedule(snapshot, policy_config)
+        return pair_complementary(decisions, snapshot, profile_of, sim.switch_overhead)
+
+    return decide
+
+
 def make_decider(name: str, sim: Simulator, config: PolicyConfig) -> Callable[[Snapshot], Decisions]:
+    if name == "console-share":
+        return console_share(sim, config)
     if name in CORE_POLICIES:
         policy_config = replace(config, policy=name)
         return lambda snapshot: schedule(snapshot, policy_config)
@@ -74,13 +106,16 @@ def simulate(
     policy: str,
     preempt_cost_s: float = 0.0,
     config: PolicyConfig | None = None,
+    switch_overhead: float = 0.0,
 ) -> Summary:
     config = config or PolicyConfig()
     num_hosts, per_host = parse_cluster(cluster)
     hosts = build_hosts(num_hosts, per_host)
     quotas = team_quotas(jobs, num_hosts * per_host)
     # Only the console-side policies see declared steps and step times; oracles read true durations instead.
-    sim = Simulator(jobs, hosts, schedule, quotas, preempt_cost_s, config, console_view=True)
+    sim = Simulator(
+        jobs, hosts, schedule, quotas, preempt_cost_s, config, console_view=True, switch_overhead=switch_overhead
+    )
     sim.decide = make_decider(policy, sim, config)
     return summarize(sim.run(policy))
 
@@ -125,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--preempt-cost-s", type=float, default=0.0, help="lost seconds per restart")
     parser.add_argument("--runtime-model", choices=RUNTIME_MODELS, default="duration")
     parser.add_argument("--teams", type=int, default=1, help="spread a team-less trace over N teams")
+    parser.add_argument(
+        "--switch-overhead", type=float, default=0.0, help="interference: extra round fraction per extra job"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -133,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = {}
     for name in parse_policies(args.policy):
         started = time.perf_counter()
-        summaries.append(simulate(jobs, args.cluster, name, args.preempt_cost_s))
+        summaries.append(simulate(jobs, args.cluster, name, args.preempt_cost_s, None, args.switch_overhead))
         seconds[name] = time.perf_counter() - started
     if args.json:
         print(

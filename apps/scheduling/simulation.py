@@ -3,6 +3,10 @@
 Simulated time jumps from event to event; a pass sees a Snapshot built incrementally (waiting jobs are cached
 and rebuilt only when they change). A job that restarts after a preemption first spends `preempt_cost_s` making
 no progress (checkpoint reload), then runs its remaining time; a job's GPU-seconds count as busy from start.
+
+A job placed with a share of a GPU (Placement.gpu_share < 1) shares it with the other fractions there and runs
+slower by the interference model (interference.py); whenever a job joins or leaves a shared GPU the others on it
+are brought up to date and their ends re-timed. A fraction's GPU-seconds count its share.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from apps.scheduling.config import PolicyConfig
+from apps.scheduling.interference import profile, slowdowns
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory
 from apps.scheduling.trace import TraceJob
 from apps.scheduling.types import Decisions, HostView, PendingJob, RunningJob, Snapshot, TeamQuotaView
@@ -40,6 +45,11 @@ class JobState:
     # Time of the current run spent reloading before progress resumes.
     run_overhead_s: float = 0.0
     end_token: int = 0
+    # Sharing a GPU: the share of the current run, progress per second (1 / slowdown), and when `remaining_s`
+    # was last brought up to date.
+    share: float = 1.0
+    rate: float = 1.0
+    settled_at: float = 0.0
 
 
 @dataclass
@@ -73,6 +83,7 @@ class Simulator:
         preempt_cost_s: float = 0.0,
         config: PolicyConfig | None = None,
         console_view: bool = True,
+        switch_overhead: float = 0.0,
     ) -> None:
         self.jobs = {job.job_id: JobState(job, job.duration_s) for job in jobs}
         self.arrivals = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
@@ -94,10 +105,17 @@ class Simulator:
         self.preemption_count = 0
         self.migration_count = 0
         self.passes = 0
+        self.switch_overhead = switch_overhead
+        # gpu id -> jobs running on it with a share
+        self.sharing: dict[int, list[int]] = {}
 
     # -- oracle access for baseline policies ---------------------------------------------------------------
     def true_remaining(self, job_id: int) -> tuple[float, float]:
         state = self.jobs[job_id]
+        if job_id in self.running and state.share < 1.0:
+            begin = max(state.settled_at, state.run_start + state.run_overhead_s)
+            progress = max(0.0, self.now - begin) * state.rate
+            return max(0.0, state.remaining_s - progress), state.trace.duration_s
         if job_id in self.running:
             progress = max(0.0, self.now - state.run_start - state.run_overhead_s)
             return max(0.0, state.remaining_s - progress), state.trace.duration_s
@@ -127,6 +145,28 @@ class Simulator:
 
     def _running_view(self, state: JobState, gpu_ids: tuple[int, ...], borrowing: bool) -> RunningJob:
         view = self._pending_view(state)
+        if state.share < 1.0:
+            # What the console would see of a shared job: its slowed step time, steps as of the last change.
+            step = state.trace.step_s / state.rate if state.trace.step_s and self.console_view else None
+            return RunningJob(
+                job_id=view.job_id,
+                team=view.team,
+                user=view.user,
+                gpus=view.gpus,
+                priority=view.priority,
+                gpu_ids=gpu_ids,
+                started_at=state.run_start,
+                submitted_at=view.submitted_at,
+                attained_gpu_seconds=state.attained_gpu_s,
+                declared_steps=view.declared_steps,
+                steps_done=view.steps_done,
+                observed_step_s=step,
+                preemption_count=state.preemptions,
+                borrowing=borrowing,
+                similarity_key=view.similarity_key,
+                steps_reported_at=max(state.settled_at, state.run_start + state.run_overhead_s),
+                gpu_share=state.share,
+            )
         return RunningJob(
             job_id=view.job_id,
             team=view.team,
@@ -151,10 +191,10 @@ class Simulator:
             return self.base_quotas
         elapsed = self.now - self.usage_clock
         decay = 0.5 ** (elapsed / self.half_life_s) if self.half_life_s > 0 else 0.0
-        held: dict[str, dict[str, int]] = {}
+        held: dict[str, dict[str, float]] = {}
         for job in self.running.values():
             held.setdefault(job.team, {}).setdefault(job.user, 0)
-            held[job.team][job.user] += job.gpus
+            held[job.team][job.user] += job.gpus * job.gpu_share
         for team, usage in self.usage.items():
             usage.value *= decay
             for user in usage.users:
@@ -181,9 +221,11 @@ class Simulator:
     def _finish(self, job_id: int) -> None:
         state = self.jobs[job_id]
         running = self.running.pop(job_id)
-        self.busy_gpu_s += (self.now - state.run_start) * running.gpus
-        state.attained_gpu_s += (self.now - state.run_start) * running.gpus
+        self.busy_gpu_s += (self.now - state.run_start) * running.gpus * state.share
+        state.attained_gpu_s += (self.now - state.run_start) * running.gpus * state.share
         state.remaining_s = 0.0
+        if state.share < 1.0:
+            self._leave_shared(job_id, running.gpu_ids)
         state.finish = self.now
         trace = state.trace
         self.history.record(trace.user, trace.model, FinishedRun(trace.gpus, trace.duration_s, trace.step_s))
@@ -192,14 +234,18 @@ class Simulator:
         state = self.jobs[job_id]
         running = self.running.pop(job_id)
         ran = self.now - state.run_start
-        self.busy_gpu_s += ran * running.gpus
-        state.attained_gpu_s += ran * running.gpus
-        state.remaining_s = max(0.0, state.remaining_s - max(0.0, ran - state.run_overhead_s))
+        self.busy_gpu_s += ran * running.gpus * state.share
+        state.attained_gpu_s += ran * running.gpus * state.share
+        if state.share < 1.0:
+            self._settle(state)
+            self._leave_shared(job_id, running.gpu_ids)
+        else:
+            state.remaining_s = max(0.0, state.remaining_s - max(0.0, ran - state.run_overhead_s))
         state.preemptions += 1
         state.end_token += 1
         self.pending[job_id] = self._pending_view(state)
 
-    def _start(self, job_id: int, gpu_ids: tuple[int, ...], borrowing: bool) -> None:
+    def _start(self, job_id: int, gpu_ids: tuple[int, ...], borrowing: bool, share: float = 1.0) -> None:
         state = self.jobs[job_id]
         del self.pending[job_id]
         if state.first_start is None:
@@ -207,9 +253,47 @@ class Simulator:
         state.run_start = self.now
         state.run_overhead_s = self.preempt_cost_s if state.preemptions else 0.0
         state.end_token += 1
+        state.share, state.rate, state.settled_at = share, 1.0, self.now
         self.running[job_id] = self._running_view(state, gpu_ids, borrowing)
+        if share < 1.0:
+            for gpu_id in gpu_ids:
+                self.sharing.setdefault(gpu_id, []).append(job_id)
+                self._retime(gpu_id)
+            return
         end = self.now + state.run_overhead_s + state.remaining_s
         heapq.heappush(self.ends, (end, job_id, state.end_token))
+
+    # -- sharing ---------------------------------------------------------------------------------------------
+    def _settle(self, state: JobState) -> None:
+        """Bring a shared job's remaining time up to now at its current rate."""
+        begin = max(state.settled_at, state.run_start + state.run_overhead_s)
+        if self.now > begin:
+            state.remaining_s = max(0.0, state.remaining_s - (self.now - begin) * state.rate)
+            state.settled_at = self.now
+
+    def _leave_shared(self, job_id: int, gpu_ids: tuple[int, ...]) -> None:
+        for gpu_id in gpu_ids:
+            jobs = self.sharing.get(gpu_id, [])
+            if job_id in jobs:
+                jobs.remove(job_id)
+            self._retime(gpu_id)
+
+    def _retime(self, gpu_id: int) -> None:
+        """Jobs on a shared GPU changed: settle each, give it its new rate and end, and refresh its view."""
+        job_ids = self.sharing.get(gpu_id, [])
+        if not job_ids:
+            self.sharing.pop(gpu_id, None)
+            return
+        states = [self.jobs[j] for j in job_ids]
+        factors = slowdowns([profile(s.trace.step_s, s.trace.resource_s) for s in states], self.switch_overhead)
+        for state, factor in zip(states, factors, strict=True):
+            self._settle(state)
+            state.rate = 1.0 / factor
+            state.end_token += 1
+            begin = max(self.now, state.run_start + state.run_overhead_s)
+            heapq.heappush(self.ends, (begin + state.remaining_s * factor, state.trace.job_id, state.end_token))
+            view = self.running[state.trace.job_id]
+            self.running[state.trace.job_id] = self._running_view(state, view.gpu_ids, view.borrowing)
 
     def _apply(self, decisions: Decisions) -> None:
         stopped = set()
@@ -217,20 +301,28 @@ class Simulator:
             if preemption.job_id in self.running:
                 self._stop(preemption.job_id)
                 stopped.add(preemption.job_id)
-        busy = {g for job in self.running.values() for g in job.gpu_ids}
+        busy = {g for job in self.running.values() if job.gpu_share >= 1.0 for g in job.gpu_ids}
+        shared = {g: sum(self.jobs[j].share for j in jobs) for g, jobs in self.sharing.items()}
         for placement in decisions.placements:
             if placement.job_id not in self.pending:
                 raise RuntimeError(f"policy placed job {placement.job_id}, which is not waiting")
+            share = placement.gpu_share
             if (
                 busy.intersection(placement.gpu_ids)
                 or len(placement.gpu_ids) != self.jobs[placement.job_id].trace.gpus
+                or (share >= 1.0 and shared.keys() & set(placement.gpu_ids))
+                or (share < 1.0 and any(shared.get(g, 0.0) + share > 1.0 + 1e-9 for g in placement.gpu_ids))
             ):
                 raise RuntimeError(f"policy placed job {placement.job_id} on busy or too few GPUs")
-            busy.update(placement.gpu_ids)
+            if share >= 1.0:
+                busy.update(placement.gpu_ids)
+            else:
+                for gpu_id in placement.gpu_ids:
+                    shared[gpu_id] = shared.get(gpu_id, 0.0) + share
             if placement.job_id in stopped:
                 self.migration_count += 1
                 self.preemption_count -= 1
-            self._start(placement.job_id, placement.gpu_ids, placement.borrowing)
+            self._start(placement.job_id, placement.gpu_ids, placement.borrowing, min(1.0, share))
         self.preemption_count += len(stopped)
 
     def run(self, name: str) -> SimResult:

@@ -27,6 +27,8 @@ class TraceJob:
     team: str = "default"
     user: str = "user"
     priority: Priority = Priority.NORMAL
+    # Seconds per iteration on each resource (Muri's resource_time_0..2), for the interference model.
+    resource_s: tuple[float, ...] | None = None
 
 
 def load_trace(path: str | Path, trace_format: str, runtime_model: str = "duration") -> list[TraceJob]:
@@ -51,6 +53,9 @@ def load_trace(path: str | Path, trace_format: str, runtime_model: str = "durati
             if runtime_model == "muri" and iterations and step:
                 step *= MURI_ITERATION_SLOWDOWN
                 duration = iterations * step
+            resources = tuple(
+                float(row[f"resource_time_{k}"]) / scale for k in range(3) if row.get(f"resource_time_{k}")
+            )
             priority = (
                 Priority.from_name(row["priority_class"]) if row.get("priority_class") else Priority.NORMAL
             )
@@ -66,6 +71,7 @@ def load_trace(path: str | Path, trace_format: str, runtime_model: str = "durati
                     team=row.get("team") or "default",
                     user=row.get("user") or "user",
                     priority=priority,
+                    resource_s=resources or None,
                 )
             )
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
