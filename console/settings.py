@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "channels",
+    "axes",
     "apps.core",
     "apps.accounts",
     "apps.quotas",
@@ -66,6 +67,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.core.middleware.DatabaseUnavailableMiddleware",
+    # Last: it turns a locked-out login into its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -185,6 +189,18 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    # django-axes first: it refuses logins from a username + address that failed too often.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("CONSOLE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_int("CONSOLE_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_VERBOSE = False
+AXES_LOCKOUT_CALLABLE = "apps.accounts.lockout.lockout_response"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -221,6 +237,8 @@ SPECTACULAR_SETTINGS = {
 # --- jobs
 JOBS_DEFAULT_TIME_LIMIT_MINUTES = env_int("CONSOLE_DEFAULT_TIME_LIMIT_MINUTES", 240, minimum=1)
 JOBS_MAX_TIME_LIMIT_MINUTES = env_int("CONSOLE_MAX_TIME_LIMIT_MINUTES", 7 * 24 * 60, minimum=1)
+# Submissions per user per minute (checked under the team's quota lock, so it holds under concurrency).
+JOBS_SUBMIT_PER_MINUTE = env_int("CONSOLE_SUBMIT_PER_MINUTE", 600, minimum=1)
 JOBS_LOG_MAX_CHARS = env_int("CONSOLE_JOB_LOG_MAX_CHARS", 10_000_000, minimum=1000)
 # Where checkpoints, logs and outputs live: a directory every host reaches, or s3://bucket/prefix.
 ARTIFACT_STORE_URL = env_str("CONSOLE_ARTIFACTS", None) or (VAR_DIR / "artifacts").as_uri()

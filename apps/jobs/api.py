@@ -6,13 +6,13 @@ from django.http import FileResponse, Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import PermissionDenied, Throttled
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.jobs import selectors, services
-from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
+from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.serializers import CancelSerializer, JobEventSerializer, JobSerializer, JobSubmitSerializer
 from workers.runtime.artifacts import artifact_store_from_url
@@ -71,6 +71,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise serializers.ValidationError(exc.errors) from None
         except JobPermissionError as exc:
             raise PermissionDenied(str(exc)) from None
+        except JobRateLimited as exc:
+            raise Throttled(wait=60, detail=str(exc)) from None
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=CancelSerializer, responses=JobSerializer)

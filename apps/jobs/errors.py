@@ -15,3 +15,7 @@ class JobPermissionError(Exception):
 
 class JobStateError(Exception):
     """The action does not apply to the job's current state. The API answers 409."""
+
+
+class JobRateLimited(Exception):
+    """Too many submissions by this user lately. The API answers 429."""

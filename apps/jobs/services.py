@@ -10,6 +10,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
+from django.db.models import F as models_F
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -19,7 +20,7 @@ from apps.cluster.models import GPU, Host
 from apps.cluster.selectors import known_gpu_types, largest_pool
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
-from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
+from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation, JobEvent, JobLogChunk, UsageSegment
 from apps.jobs.selectors import can_cancel
 from apps.quotas.models import PRIORITY_RANK, Priority, UserQuota
@@ -147,6 +148,7 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         # The quota row lock serialises submissions and placements of one team.
         quota = quota_lock(team)
         _check_role_and_priority(user, team, spec.priority, quota.max_priority)
+        _check_rate(user)
         errors = _check_workload(spec.kind, preset, spec.workload)
         errors.update(_check_gpus(team, spec, quota, user))
         if not errors and budget_exhausted(team, quota):
@@ -176,6 +178,17 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         JobEvent.objects.create(job=job, to_state=State.QUEUED, reason=f"submitted by {user.get_username()}", actor=user)
         request_scheduler_pass()
     return job
+
+
+def _check_rate(user: AbstractBaseUser) -> None:
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    limit = settings.JOBS_SUBMIT_PER_MINUTE
+    recent = Job.objects.filter(user=user, created_at__gte=timezone.now() - timedelta(minutes=1)).count()
+    if recent >= limit:
+        raise JobRateLimited(f"You submitted {recent} jobs in the last minute; the limit is {limit} per minute.")
 
 
 def _default_time_limit() -> int:
@@ -729,3 +742,37 @@ def job_release(job_id: int, reason: str) -> bool:
             _send_stop_after_commit(job.pk, job.attempts, hosts, reason)
             request_scheduler_pass()
         return True
+
+
+def ledger_reconcile() -> dict[str, int]:
+    """Check (and repair) that held GPUs are exactly those of placed and running jobs.
+
+    Usage is always derived from job records, so a team's GPUs held is the sum over its placed and running jobs by
+    construction; what can drift after a crash is the allocation and ledger rows beside them. Anything found is
+    repaired here and reported as an alert.
+    """
+    now = timezone.now()
+    found = {"stray_allocations": 0, "open_segments": 0, "jobs_without_gpus": 0}
+    with transaction.atomic():
+        stray = JobAllocation.objects.filter(released_at__isnull=True).exclude(job__state__in=Job.HOLDING_STATES)
+        found["stray_allocations"] = stray.update(released_at=now)
+        segments = UsageSegment.objects.filter(ended_at__isnull=True).exclude(job__state__in=Job.HOLDING_STATES)
+        found["open_segments"] = segments.update(ended_at=now)
+    from django.db.models import Count, Q
+
+    short = (Job.objects.filter(state__in=Job.HOLDING_STATES)
+             .annotate(held=Count("allocations", filter=Q(allocations__released_at__isnull=True)))
+             .exclude(held=models_F("gpus")).values_list("pk", flat=True))
+    for job_id in list(short):
+        with transaction.atomic():
+            job = _lock_job(job_id)
+            if job is not None and job.state in Job.HOLDING_STATES:
+                _finish(job, State.FAILED, "its GPU allocation was lost (repaired by the ledger check)", now,
+                        exit_code=None)
+                found["jobs_without_gpus"] += 1
+    if any(found.values()):
+        logger.warning("ledger check repaired: %s", found)
+        from apps.telemetry.alerts import report_inconsistency
+
+        report_inconsistency(found)
+    return found

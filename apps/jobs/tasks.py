@@ -18,4 +18,5 @@ def reap() -> dict[str, int]:
 
     lost = services.jobs_on_lost_hosts()
     resent = services.jobs_redispatch_stale()
-    return {"lost": len(lost), "resent": len(resent)}
+    repaired = services.ledger_reconcile()
+    return {"lost": len(lost), "resent": len(resent), **repaired}

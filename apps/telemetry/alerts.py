@@ -360,3 +360,11 @@ def evaluate_service(service, summary: dict[str, Any], now: float | None = None)
                 cache.delete(key)
             if clear and (rule.id, subject) in rules.open:
                 resolve(rule.id, subject, "back within target")
+
+
+def report_inconsistency(found: dict[str, int]) -> None:
+    rule, _ = AlertRule.objects.get_or_create(kind=AlertRule.Kind.LEDGER,
+                                              defaults={"name": "Ledger repaired", "severity": "critical"})
+    stamp = int(time.time())
+    fire(rule, f"ledger:{stamp}", "GPU allocation records were out of step with jobs and were repaired: "
+                                  + ", ".join(f"{k}={v}" for k, v in found.items() if v))

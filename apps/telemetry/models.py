@@ -67,6 +67,7 @@ class AlertRule(models.Model):
         JOB_OVERRUN = "job_overrun", "job running past its expected end"
         SERVICE_LATENCY = "service_latency", "service p95 latency above its target × threshold"
         SERVICE_ERRORS = "service_errors", "service error rate at or above threshold (0-1)"
+        LEDGER = "ledger", "GPU allocation records repaired by the periodic check"
 
     class Action(models.TextChoices):
         NONE = "none", "notify only"
