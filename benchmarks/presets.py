@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,12 +47,6 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
 TRAIN_PRESETS = [name for name, preset in PRESETS.items() if preset.kind == "train"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_one(workload: str, preset: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Run one (workload, preset) pair; returns its result record plus status and wall time."""
     run_dir = workdir / f"{workload}--{preset}"
@@ -72,8 +65,7 @@ def run_one(workload: str, preset: str, args: argparse.Namespace, workdir: Path)
     nproc = 1
     if PRESETS[preset].multi_process:
         nproc = args.nproc
-        command += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-                    "--master-port", str(free_port())]
+        command += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     command += ["-m", "workers.runtime.run_builtin", "--workload", workload, "--kind", "train",
                 "--params", json.dumps(params)]
     started = time.perf_counter()

@@ -4,6 +4,7 @@ each rank observed to <out_dir>/rank<N>.json."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from workers.runtime import session
 
 
 def main(out_dir: Path, model_name: str) -> None:
+    if os.environ.get("RANK") != "0" and os.environ.get("PROBE_OTHER_RANKS_CHECKPOINT_DIR"):
+        # As on a second host: the other ranks do not see rank 0's checkpoint directory.
+        os.environ["CONSOLE_CHECKPOINT_DIR"] = os.environ["PROBE_OTHER_RANKS_CHECKPOINT_DIR"]
     rt = session.start()
     torch.manual_seed(0)
     model = TinyBatchNormNet(width=16) if model_name == "batchnorm" else TinyMLP(width=16)
@@ -44,6 +48,7 @@ def main(out_dir: Path, model_name: str) -> None:
     seen["checksum"] = float(sum(t.double().sum() for t in full.values()))
     seen["steps"] = rt.step
     seen["precision"] = [rt.precision.name, rt.precision.autocast]
+    seen["resumed_from"] = rt.resumed_from
     rt.finish()
     (out_dir / f"rank{seen['rank']}.json").write_text(json.dumps(seen))
 

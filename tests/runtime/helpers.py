@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -73,14 +72,8 @@ def run_python(args: list[str], env: dict[str, str], timeout: float = 120) -> su
                           text=True, timeout=timeout)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun(args: list[str], env: dict[str, str], nproc: int = 2,
              timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-                "--master-port", str(free_port())]
+    # --standalone: the rendezvous store binds a port the OS picks, so parallel runs cannot collide.
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     return run_python([*launcher, *args], env, timeout=timeout)

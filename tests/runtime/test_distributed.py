@@ -15,8 +15,8 @@ from .helpers import TinyMLP, torchrun
 pytestmark = pytest.mark.slow
 
 
-def probe(job, preset: str, model: str = "mlp", **env: str) -> list[dict]:
-    out = job.root / "probe"
+def probe(job, preset: str, model: str = "mlp", name: str = "probe", **env: str) -> list[dict]:
+    out = job.root / name
     out.mkdir()
     done = torchrun(["tests/runtime/dist_probe.py", str(out), model], job.env(preset, **env))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -64,3 +64,19 @@ def test_fsdp2_with_batch_norm_falls_back_to_autocast(job) -> None:
         assert r["dtensor"] and r["precision"] == ["bf16", True]
         assert set(r["autocast"]) == {"torch.bfloat16"}
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
+@pytest.mark.parametrize("preset", ["ddp", "fsdp"])
+def test_resume_when_only_rank_zero_sees_the_checkpoint(job, preset) -> None:
+    """As after a preemption of a multi-host job: rank 0 reads the checkpoint and broadcasts it."""
+    elsewhere = str(job.root / "other-host-checkpoints")
+    probe(job, preset, name="first", CONSOLE_MAX_STEPS="5", CONSOLE_CHECKPOINT_EVERY="4",
+          PROBE_OTHER_RANKS_CHECKPOINT_DIR=elsewhere)
+    assert not (job.root / "other-host-checkpoints").exists()
+    resumed = probe(job, preset, name="second", PROBE_OTHER_RANKS_CHECKPOINT_DIR=elsewhere)
+    assert [r["resumed_from"] for r in resumed] == [4, 4]
+    assert [r["steps"] for r in resumed] == [8, 8]
+    assert resumed[0]["checksum"] == resumed[1]["checksum"]
+    if preset == "fsdp":
+        reference = probe(job, preset, name="reference", CONSOLE_CHECKPOINT_DIR=str(job.root / "reference"))
+        assert resumed[0]["checksum"] == reference[0]["checksum"]  # as if never interrupted

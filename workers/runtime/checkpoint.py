@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
+    set_optimizer_state_dict,
     set_state_dict,
 )
 
@@ -130,6 +131,36 @@ def save_model_file(path: Path, model_state: dict[str, torch.Tensor], meta: dict
              for k, v in model_state.items()}
     _atomic_save({"format": FORMAT, "kind": "model", "model": state, "meta": meta}, path)
     return path
+
+
+def resume_latest(directory: Path | None, model: nn.Module,
+                  optimizer: torch.optim.Optimizer | None) -> tuple[Path, dict[str, Any]] | None:
+    """Load the newest checkpoint in `directory` into model and optimizer; returns (path, its other fields).
+
+    Under torch.distributed rank 0 reads the file and broadcasts it (every rank must call this), so in a
+    multi-host job only rank 0's host needs the checkpoint.
+    """
+    path = latest_checkpoint(directory) if is_main() else None
+    data = load_file(path) if path is not None else None
+    if not (dist.is_available() and dist.is_initialized()):
+        if data is None or path is None:
+            return None
+        load_training_state(model, optimizer, data["model"], data.get("optimizer"))
+        return path, {k: v for k, v in data.items() if k not in ("model", "optimizer")}
+    header = [None if data is None else
+              (str(path), {k: v for k, v in data.items() if k not in ("model", "optimizer")},
+               data.get("optimizer") is not None)]
+    dist.broadcast_object_list(header, src=0)
+    if header[0] is None:
+        return None
+    path_text, fields, has_optimizer = header[0]
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    # Model and optimizer separately: set_state_dict() takes the other ranks' empty model state dict as
+    # "optimizer only" and skips the model broadcast there, which deadlocks rank 0.
+    set_model_state_dict(model, data["model"] if data is not None else {}, options=options)
+    if optimizer is not None and has_optimizer:
+        set_optimizer_state_dict(model, optimizer, data["optimizer"] if data is not None else {}, options=options)
+    return Path(path_text), fields
 
 
 def load_model_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -442,11 +442,12 @@ class Session:
         return path
 
     def _resume(self) -> None:
-        path = ckpt.latest_checkpoint(self.env.checkpoint_dir)
-        if path is None or self.model is None:
+        if self.model is None:
             return
-        data = ckpt.load_file(path)
-        ckpt.load_training_state(self.model, self.optimizer, data["model"], data.get("optimizer"))
+        found = ckpt.resume_latest(self.env.checkpoint_dir, self.model, self.optimizer)
+        if found is None:
+            return
+        path, data = found
         if self.scaler is not None and data.get("scaler"):
             self.scaler.load_state_dict(data["scaler"])
         self.step = int(data["step"])
