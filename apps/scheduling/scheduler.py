@@ -268,7 +268,9 @@ class ConsolePass:
             self.team_held[state.job.team] -= state.held
             self.user_held[(state.job.team, state.job.user)] -= state.held
         chosen = self._choose(job, remaining_s)
-        if chosen is None:  # the reservation kept GPUs the plan counted on: undo
+        if chosen is None or not self._quota_allows(job, chosen):
+            # The reservation kept GPUs the plan counted on, or a memory request took more of the GPU than the
+            # quota has room for: undo.
             for state, _ in plan.victims:
                 state.stopped = False
                 self._recapture(state)
@@ -283,6 +285,14 @@ class ConsolePass:
             self.victim_index.remove(state)
         self._commit(job, chosen, False, remaining_s)
         return True
+
+    def _quota_allows(self, job: PendingJob, choice: Choice) -> bool:
+        quota = self.snapshot.quotas[job.team]
+        units = choice[1] * len(choice[0])
+        cap = quota.user_max_gpus.get(job.user)
+        if cap is not None and self.user_held[(job.team, job.user)] + units > FULL * cap:
+            return False
+        return self.team_held[job.team] + units <= FULL * quota.max_gpus
 
     # -- reservation --------------------------------------------------------------------------------------
     def _reserve(self, job: PendingJob, quota_room_needed: int) -> Reservation | None:
