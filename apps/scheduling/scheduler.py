@@ -12,8 +12,9 @@ One pass, O(pending log pending + GPUs) plus a bounded number of victim searches
 
 Fractions of a GPU (sharing.py) are counted in units of 1/100 GPU for quotas. They pack onto shared GPUs by best
 fit and open a whole GPU only when none fits. So that scattered fractions never block a whole-GPU job forever, the
-first whole-GPU job that waits only because of fractions fences the GPUs it would get if they left: fractions
-(of its priority or lower) are not placed there, so those GPUs drain as their fractions end (no preemption).
+first whole-GPU job in queue order that can start, or could if fractions left, fences the GPUs it would get:
+fractions (of its priority or lower) are not placed there, so those GPUs drain as their fractions end and are not
+taken again by fractions ahead of it in the queue (no preemption).
 """
 
 from __future__ import annotations
@@ -326,13 +327,14 @@ class ConsolePass:
         ]
 
     def _fraction_fence(self, ordered: list[tuple]) -> Fence | None:
-        """The first whole-GPU job (of the first FENCE_SCAN that could start within quota) that cannot start now
-        but could if the GPUs that fractions hold were empty: those GPUs, and the free ones it would take."""
-        if not self.free.used:
-            return None
-        scratch = self.free.copy()
-        for gpu_id in list(scratch.used):
-            scratch.give_share(gpu_id, scratch.used[gpu_id], scratch.memory_used.get(gpu_id, 0))
+        """GPUs kept from fractions for the first whole-GPU job (of the first FENCE_SCAN within quota) that can
+        start now, or could if the GPUs that fractions hold were empty. Without the first case, fractions ahead
+        of it in the queue would take the GPUs again the moment they drain."""
+        scratch = self.free
+        if self.free.used:
+            scratch = self.free.copy()
+            for gpu_id in list(scratch.used):
+                scratch.give_share(gpu_id, scratch.used[gpu_id], scratch.memory_used.get(gpu_id, 0))
         scanned = 0
         for _, _, _, _, job, _ in ordered:
             if is_fractional(job):
@@ -345,9 +347,9 @@ class ConsolePass:
                 self.team_held[job.team] + FULL * job.gpus > FULL * quota.max_gpus and not quota.may_borrow
             ):
                 continue
-            if choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None:
-                continue
-            chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
+            chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+            if chosen is None and scratch is not self.free:
+                chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
             if chosen is not None:
                 return Fence(job.job_id, int(job.priority), frozenset(chosen))
         return None
@@ -383,7 +385,7 @@ class ConsolePass:
                 (-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining)
             )
         ordered.sort()  # job ids are unique: the comparison never reaches the job itself
-        if self.free.used and any(is_fractional(entry[4]) for entry in ordered):
+        if any(is_fractional(entry[4]) for entry in ordered):
             self.fence = self._fraction_fence(ordered)
 
         waiting: list[tuple[PendingJob, float, str, str]] = []

@@ -69,13 +69,14 @@ def test_a_third_job_joins_and_retimes_the_others():
 
 def test_fractions_never_block_a_whole_gpu_job_forever():
     # One host of 2 GPUs. Quarter-GPU jobs of team f arrive every 10 s for 2,000 s, each 100 s of work
-    # (time-sliced: up to 4x slower when four share a GPU). A 2-GPU job of team w arrives at 5 s. Without the
-    # fence new quarters would keep both GPUs partly used for the whole stream; with it the 2-GPU job starts
-    # once the quarters already running end: within 5 + 4 x 100 s.
+    # (time-sliced: up to 4x slower when four share a GPU), more than the GPUs can serve. A 2-GPU job of team w
+    # arrives at 35 s, when three quarters share GPU 0. The quarters are ordered first (shorter), so without the
+    # fence they keep both GPUs partly used until the stream has drained (it would start after 10,000 s); with
+    # it no new quarter is placed on its GPUs and it starts once those running end: within 35 + 4 x 100 s.
     stream = [
         TraceJob(i, 1, 10.0 * i, 100.0, "q", iterations=100, step_s=1.0, team="f") for i in range(1, 200)
     ]
-    wide = TraceJob(1000, 2, 5.0, 50.0, "w", iterations=50, step_s=1.0, team="w")
+    wide = TraceJob(1000, 2, 35.0, 50.0, "w", iterations=50, step_s=1.0, team="w")
     quotas = {"f": TeamQuotaView("f", 2), "w": TeamQuotaView("w", 2)}
 
     def quarters(snapshot: Snapshot):
@@ -84,7 +85,7 @@ def test_fractions_never_block_a_whole_gpu_job_forever():
 
     sim, result = run([*stream, wide], hosts=1, per_host=2, decide=quarters, quotas=quotas)
     start = next(s.first_start for s in result.jobs if s.trace.job_id == 1000)
-    assert start is not None and start <= 5.0 + 400.0
+    assert start is not None and start <= 35.0 + 400.0
     assert all(s.finish is not None for s in result.jobs)
 
 
