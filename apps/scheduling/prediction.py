@@ -60,7 +60,7 @@ class RuntimeHistory:
 
 def elapsed_run_s(job: PendingJob | RunningJob, now: float) -> float:
     """Wall-clock seconds the job has run in total (earlier runs plus the current one)."""
-    earlier = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.gpus else 0.0
+    earlier = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.attained_gpu_seconds and job.gpus else 0.0
     if isinstance(job, RunningJob):
         return earlier + max(0.0, now - job.started_at)
     return earlier
@@ -94,7 +94,7 @@ def predict_remaining_s(
 ) -> float:
     running = isinstance(job, RunningJob)
     # Attained service is in GPU-seconds; a fraction of a GPU earns its share per second.
-    elapsed = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.gpus else 0.0
+    elapsed = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.attained_gpu_seconds and job.gpus else 0.0
     if running:
         elapsed += max(0.0, now - job.started_at)  # type: ignore[union-attr]
     step = job.observed_step_s

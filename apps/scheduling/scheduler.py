@@ -28,7 +28,7 @@ from apps.scheduling.ordering import FairShare, aging_boost
 from apps.scheduling.placement import FreeGpus, choose_gpus
 from apps.scheduling.prediction import predict_remaining_s
 from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, VictimIndex, plan_preemption
-from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, job_share, min_units
+from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import (
     Decisions,
     PendingInfo,
@@ -133,7 +133,9 @@ class ConsolePass:
         penalty = self.fair.penalty(job.team, job.user)
         if ordering == "fair-share":
             return penalty / boost
-        return remaining_s * job.gpus * job_share(job) * penalty / boost
+        # (a fraction's share is only asked on a 1-GPU job; a share on a gang is ignored: sharing.py)
+        gpus = job.gpu_share if job.gpus == 1 and job.gpu_share < 1.0 else job.gpus
+        return remaining_s * gpus * penalty / boost
 
     def _running_states(self) -> None:
         config = self.config
@@ -163,7 +165,7 @@ class ConsolePass:
 
     # -- placement ----------------------------------------------------------------------------------------
     def _choose(self, job: PendingJob, remaining_s: float) -> Choice | None:
-        if is_fractional(job):
+        if job.gpus == 1 and is_fractional(job):  # (the first test keeps the pass over gangs cheap)
             return self._choose_share(job)
         chosen = self._choose_whole(job, remaining_s)
         return None if chosen is None else (chosen, FULL)
@@ -379,13 +381,15 @@ class ConsolePass:
         self._running_states()
         remaining_of, score_of = self._remaining, self._score
         ordered = []
+        fractions = False
         for job in self.snapshot.pending:
+            fractions = fractions or (job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None))
             remaining = remaining_of(job)
             ordered.append(
                 (-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining)
             )
         ordered.sort()  # job ids are unique: the comparison never reaches the job itself
-        if any(is_fractional(entry[4]) for entry in ordered):
+        if fractions:
             self.fence = self._fraction_fence(ordered)
 
         waiting: list[tuple[PendingJob, float, str, str]] = []
@@ -420,7 +424,7 @@ class ConsolePass:
         capacity = self.capacity_reasons[capacity_key]
         if capacity is not None:
             return capacity
-        need = min_units(job)
+        need = FULL * job.gpus if job.gpus != 1 else min_units(job)
         user_cap = quota.user_max_gpus.get(job.user)
         user_held = self.user_held[(job.team, job.user)]
         if user_cap is not None and user_held + need > FULL * user_cap:
