@@ -151,6 +151,8 @@ REAPER_INTERVAL_S = env_int("CONSOLE_REAPER_INTERVAL_S", 10, minimum=1)
 SERVING_RECONCILE_S = env_int("CONSOLE_SERVING_RECONCILE_S", 3, minimum=1)
 TELEMETRY_KEEP_10S_HOURS = env_int("CONSOLE_TELEMETRY_KEEP_10S_HOURS", 24, minimum=1)
 TELEMETRY_KEEP_1M_DAYS = env_int("CONSOLE_TELEMETRY_KEEP_1M_DAYS", 31, minimum=1)
+# Optional cost per GPU-hour by GPU type for the usage report, e.g. "H200=4.5,A100=2.1".
+CONSOLE_GPU_HOUR_COST = env_str("CONSOLE_GPU_HOUR_COST", "") or ""
 # Bearer token Prometheus presents at /metrics (admins' sessions and API tokens work too).
 METRICS_TOKEN = env_str("CONSOLE_METRICS_TOKEN", None)
 # The scheduling policy (apps.scheduling.config.PolicyConfig): "console" (priorities with preemption, quota
@@ -180,7 +182,9 @@ if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    # A cache the ASGI server and the Celery worker share (latest telemetry, service replicas) without a server.
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                          "LOCATION": str(VAR_DIR / "cache"), "OPTIONS": {"MAX_ENTRIES": 20000}}}
 
 # --- auth
 AUTH_PASSWORD_VALIDATORS = [

@@ -5,9 +5,15 @@ CELERY_BROKER_URL / DATABASE_URL / REDIS_URL from the environment still apply (C
 
 import os
 
+import tempfile
+
 os.environ.setdefault("CELERY_BROKER_URL", "memory://")
+# Tests never read or write the dev server's artifacts.
+os.environ.setdefault("CONSOLE_ARTIFACTS", tempfile.mkdtemp(prefix="console-test-artifacts-"))
 
 from console.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+if not REDIS_URL:  # noqa: F405 - one test process: an in-memory cache, never the dev server's files
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405

@@ -187,9 +187,7 @@ def reconcile(service: InferenceService, now: float | None = None) -> dict[str, 
         if polled is not None:
             ready.append({"job": replica.job_id, "url": endpoint})
             stats.append(polled)
-    cache.set(replicas_key(service.pk), ready, timeout=STATS_TTL_S)
     summary = _summarize(stats, len(live), len(ready))
-    cache.set(stats_key(service.pk), summary, timeout=STATS_TTL_S)
     from apps.telemetry.alerts import evaluate_service
 
     evaluate_service(service, summary, now)
@@ -204,9 +202,17 @@ def reconcile(service: InferenceService, now: float | None = None) -> dict[str, 
         for _ in range(service.desired_replicas - len(live)):
             _start_replica(service, "keeping the service at its desired replicas")
         surplus = len(live) - service.desired_replicas
-        for replica in sorted(live, key=lambda r: (r.job.state == Job.State.RUNNING, -r.pk))[:max(surplus, 0)]:
+        # Scale down the replicas that are not serving yet first, then the newest.
+        retiring = sorted(live, key=lambda r: (r.job.state == Job.State.RUNNING, -r.pk))[:max(surplus, 0)]
+        for replica in retiring:
             job_release(replica.job_id, f"service {service} scaled down")
             ServiceReplica.objects.filter(pk=replica.pk).update(retired=True)
+    retired = {replica.job_id for replica in retiring}
+    ready = [r for r in ready if r["job"] not in retired]
+    summary["ready"] = len(ready)
+    summary["replicas"] = len(live) - len(retired)
+    cache.set(replicas_key(service.pk), ready, timeout=STATS_TTL_S)
+    cache.set(stats_key(service.pk), summary, timeout=STATS_TTL_S)
     return summary
 
 

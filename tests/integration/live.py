@@ -56,6 +56,7 @@ class LiveCluster:
     port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -75,6 +76,7 @@ class LiveCluster:
             CONSOLE_ADMIN_PASSWORD=ADMIN_PASSWORD,
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)
         if env.get("DATABASE_URL", "").startswith("postgres"):
             env["DATABASE_URL"] = _fresh_postgres(env["DATABASE_URL"], "console_integration")
         else:
