@@ -4,7 +4,6 @@ CELERY_BROKER_URL / DATABASE_URL / REDIS_URL from the environment still apply (C
 """
 
 import os
-
 import tempfile
 
 os.environ.setdefault("CELERY_BROKER_URL", "memory://")
