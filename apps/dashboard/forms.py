@@ -219,3 +219,81 @@ class PeriodForm(forms.Form):
         start = datetime.combine(first, time.min, tzinfo=tz)
         end = datetime.combine(last + timedelta(days=1), time.min, tzinfo=tz) if last else now
         return start, end
+
+
+# --- inference services
+
+
+class ServiceCreateForm(forms.Form):
+    """What the API's ServiceCreateSerializer takes, as form fields. Rules are checked by service_create."""
+
+    team = forms.ChoiceField()
+    name = forms.SlugField(max_length=49, help_text="Letters, digits and hyphens; part of the endpoint's path.")
+    workload = forms.ChoiceField(label="Built-in workload")
+    checkpoint = forms.CharField(
+        required=False, max_length=300, label="Checkpoint (optional)",
+        widget=forms.TextInput(attrs={"placeholder": "JOB_ID/outputs/model.pt"}),
+        help_text="Trained weights from a job of the same team, as JOB_ID/outputs/model.pt. Blank: untrained model.",
+    )
+    preset = forms.ChoiceField(label="Inference preset", initial="infer-fp32")
+    gpus_per_replica = forms.IntegerField(min_value=1, max_value=8, initial=1, label="GPUs per replica")
+    min_replicas = forms.IntegerField(min_value=0, max_value=64, initial=1, label="Min replicas")
+    max_replicas = forms.IntegerField(min_value=1, max_value=64, initial=1, label="Max replicas")
+    target_p95_ms = forms.FloatField(required=False, min_value=1, max_value=600_000, label="Target p95 (ms)",
+                                     help_text="Blank: no latency target.")
+    target_rps_per_replica = forms.FloatField(required=False, min_value=0.01, max_value=1e6,
+                                              label="Target req/s per replica",
+                                              help_text="Blank: no request-rate target.")
+    batching = forms.BooleanField(required=False, initial=True, label="Dynamic batching")
+    max_batch = forms.IntegerField(min_value=1, max_value=1024, initial=32, label="Max batch")
+    max_wait_ms = forms.FloatField(min_value=0, max_value=1000, initial=5.0, label="Max batching wait (ms)")
+
+    def __init__(self, *args: Any, teams: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [(slug, slug) for slug in teams]
+        if len(teams) == 1:
+            self.fields["team"].initial = teams[0]
+        self.fields["workload"].choices = [(w.name, w.name) for w in WORKLOADS.values() if "inference" in w.kinds]
+        self.fields["preset"].choices = [(p.name, p.name) for p in PRESETS.values() if p.kind == "inference"]
+
+    def clean_checkpoint(self) -> str:
+        return self.cleaned_data.get("checkpoint", "").strip()
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        low, high = data.get("min_replicas"), data.get("max_replicas")
+        if low is not None and high is not None and low > high:
+            self.add_error("min_replicas", "Min replicas may not exceed max replicas.")
+        return data
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The ServiceSpec's fields but the team (the view turns the slug into a Team)."""
+        data = dict(self.cleaned_data)
+        data.pop("team")
+        return data
+
+    def add_spec_errors(self, errors: dict[str, object]) -> None:
+        for key, value in errors.items():
+            for msg in _as_list(value):
+                self.add_error(key if key in self.fields else None, str(msg) if key in self.fields else f"{key}: {msg}")
+
+
+class ServiceScaleForm(forms.Form):
+    min_replicas = forms.IntegerField(min_value=0, max_value=64, label="Min replicas")
+    max_replicas = forms.IntegerField(min_value=1, max_value=64, label="Max replicas")
+    target_p95_ms = forms.FloatField(required=False, min_value=1, max_value=600_000, label="Target p95 (ms)",
+                                     help_text="Blank: no latency target.")
+    target_rps_per_replica = forms.FloatField(required=False, min_value=0.01, max_value=1e6,
+                                              label="Target req/s per replica", help_text="Blank: no rate target.")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        low, high = data.get("min_replicas"), data.get("max_replicas")
+        if low is not None and high is not None and low > high:
+            self.add_error("min_replicas", "Min replicas may not exceed max replicas.")
+        return data
+
+    def add_spec_errors(self, errors: dict[str, object]) -> None:
+        for key, value in errors.items():
+            for msg in _as_list(value):
+                self.add_error(key if key in self.fields else None, str(msg) if key in self.fields else f"{key}: {msg}")

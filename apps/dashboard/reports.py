@@ -103,7 +103,7 @@ def usage_report(
     segments = list(
         UsageSegment.objects.filter(team__in=list(teams), started_at__lt=end)
         .exclude(ended_at__lte=start)
-        .values_list("job_id", "job__name", "job__gpu_type", "team__slug", "user__username", "gpus", "started_at",
+        .values_list("job_id", "job__name", "job__gpu_type", "team__slug", "user__username", "gpus", "share_units", "started_at",
                      "ended_at")
     )
     job_ids = {seg[0] for seg in segments}
@@ -115,12 +115,12 @@ def usage_report(
     for job_id, gpu_type in JobAllocation.objects.filter(job_id__in=job_ids).values_list("job_id", "gpu__gpu_type"):
         placed_types.setdefault(job_id, gpu_type)
     jobs: dict[int, Row] = {}
-    for job_id, name, wanted_type, team, user, gpus, seg_start, seg_end in segments:
+    for job_id, name, wanted_type, team, user, gpus, share_units, seg_start, seg_end in segments:
         begin, finish = max(seg_start, start), min(seg_end or now, end)
         seconds = (finish - begin).total_seconds()
         if seconds <= 0:
             continue
-        hours = gpus * seconds / 3600.0
+        hours = gpus * share_units / 100 * seconds / 3600.0  # a shared GPU counts by share
         gpu_type = placed_types.get(job_id) or wanted_type
         row = jobs.setdefault(job_id, Row(team=team, user=user, job_id=job_id, job_name=name, gpu_type=gpu_type,
                                           utilization_mean=stats.get(job_id)))

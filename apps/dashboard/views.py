@@ -36,6 +36,8 @@ from apps.dashboard.forms import (
     PeriodForm,
     QuotaRequestForm,
     RoleForm,
+    ServiceCreateForm,
+    ServiceScaleForm,
     TokenCreateForm,
 )
 from apps.dashboard.selectors import acknowledgeable_team_ids, alerts_visible_to, cluster_overview
@@ -47,6 +49,9 @@ from apps.jobs.models import Job, JobAllocation
 from apps.quotas.models import QuotaRequest
 from apps.quotas.selectors import team_usage
 from apps.quotas.services import QuotaRequestError, quota_ensure, quota_request_create, quota_request_decide
+from apps.serving import services as serving_services
+from apps.serving.models import InferenceService
+from apps.serving.selectors import services_visible_to
 from apps.telemetry.models import Alert, GpuSampleBucket
 from workers.runtime.catalog import PRESETS, WORKLOADS
 
@@ -200,6 +205,111 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     else:
         messages.success(request, f"Job {job.pk} cancelled.")
     return redirect("dashboard:job-detail", job_id=job.pk)
+
+
+# --- inference services
+
+
+def _service_teams(request: HttpRequest) -> list[str]:
+    return list(teams_with_role(request.user, Role.MEMBER).order_by("slug").values_list("slug", flat=True))
+
+
+@login_required
+def service_list(request: HttpRequest) -> HttpResponse:
+    teams = _service_teams(request)
+    form = None
+    status = 200
+    if request.method == "POST":
+        if not teams:
+            return render(request, "dashboard/forbidden.html",
+                          {"message": "You have no team role that may create services (viewers cannot)."}, status=403)
+        form = ServiceCreateForm(request.POST, teams=teams)
+        if form.is_valid():
+            team = teams_with_role(request.user, Role.MEMBER).get(slug=form.cleaned_data["team"])
+            try:
+                service = serving_services.service_create(
+                    user=request.user, spec=serving_services.ServiceSpec(team=team, **form.spec_fields()))
+            except JobSpecError as exc:
+                form.add_spec_errors(exc.errors)
+            except JobPermissionError as exc:
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"Service {service} created with {service.desired_replicas} replica(s).")
+                return redirect("dashboard:service-detail", service_id=service.pk)
+        status = 400
+    elif teams:
+        form = ServiceCreateForm(teams=teams)
+    services = list(services_visible_to(request.user).order_by("team__slug", "name"))
+    rows = [(service, serving_services.service_stats(service)) for service in services]
+    return render(request, "dashboard/service_list.html", {"rows": rows, "form": form}, status=status)
+
+
+def _visible_service(request: HttpRequest, service_id: int) -> InferenceService:
+    return get_object_or_404(services_visible_to(request.user), pk=service_id)
+
+
+def _service_page(request: HttpRequest, service: InferenceService, scale_form: ServiceScaleForm | None = None,
+                  status: int = 200) -> HttpResponse:
+    may_manage = has_role(request.user, service.team, Role.MEMBER)
+    ready = {r["job"] for r in serving_services.ready_replicas(service.pk)}
+    replicas = [(replica, replica.job_id in ready)
+                for replica in service.replicas.filter(retired=False).select_related("job").order_by("pk")]
+    events = list(service.events.order_by("-id")[:200])[::-1]
+    endpoint = f"/serve/{service.team.slug}/{service.name}/predict"
+    if may_manage and scale_form is None:
+        scale_form = ServiceScaleForm(initial={
+            "min_replicas": service.min_replicas, "max_replicas": service.max_replicas,
+            "target_p95_ms": service.target_p95_ms, "target_rps_per_replica": service.target_rps_per_replica})
+    return render(request, "dashboard/service_detail.html", {
+        "service": service,
+        "stats": serving_services.service_stats(service),
+        "replicas": replicas,
+        "events": events,
+        "endpoint": endpoint,
+        "endpoint_url": request.build_absolute_uri(endpoint),
+        "may_manage": may_manage,
+        "scale_form": scale_form if may_manage else None,
+        "live": {"service": service.pk, "last_event": events[-1].pk if events else 0},
+    }, status=status)
+
+
+@login_required
+def service_detail(request: HttpRequest, service_id: int) -> HttpResponse:
+    return _service_page(request, _visible_service(request, service_id))
+
+
+@login_required
+@require_POST
+def service_scale(request: HttpRequest, service_id: int) -> HttpResponse:
+    service = _visible_service(request, service_id)
+    if not has_role(request.user, service.team, Role.MEMBER):
+        return HttpResponseForbidden("Only the team's members may scale its services.")
+    form = ServiceScaleForm(request.POST)
+    if form.is_valid():
+        try:
+            service = serving_services.service_scale(service=service, user=request.user,
+                                                     changes=dict(form.cleaned_data))
+        except JobSpecError as exc:
+            form.add_spec_errors(exc.errors)
+        except JobPermissionError as exc:
+            return HttpResponseForbidden(str(exc))
+        else:
+            messages.success(request, f"Service {service} now scales between {service.min_replicas} and "
+                                      f"{service.max_replicas} replicas.")
+            return redirect("dashboard:service-detail", service_id=service.pk)
+    return _service_page(request, service, scale_form=form, status=400)
+
+
+@login_required
+@require_POST
+def service_delete(request: HttpRequest, service_id: int) -> HttpResponse:
+    service = _visible_service(request, service_id)
+    try:
+        serving_services.service_delete(service=service, user=request.user)
+    except JobPermissionError as exc:
+        return HttpResponseForbidden(str(exc))
+    messages.success(request, f"Service {service} deleted; its replicas are stopping.")
+    return redirect("dashboard:services")
 
 
 # --- teams and quotas
