@@ -49,6 +49,9 @@ class Dispatch:
     max_steps: int | None = None
     multi_process: bool = False
     rendezvous: Rendezvous | None = None
+    # A fractional job's part of its one GPU, and the memory it asked for (the agent enforces both).
+    gpu_share: float = 1.0
+    gpu_memory_mb: int | None = None
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -77,6 +80,8 @@ class Dispatch:
                 max_steps=None if message.get("max_steps") is None else int(message["max_steps"]),
                 multi_process=bool(message.get("multi_process", False)),
                 rendezvous=Rendezvous(**rendezvous) if rendezvous else None,
+                gpu_share=float(message.get("gpu_share", 1.0)),
+                gpu_memory_mb=None if message.get("gpu_memory_mb") is None else int(message["gpu_memory_mb"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None

@@ -24,3 +24,10 @@ def largest_pool(gpu_type: str | None) -> int:
         return gpus.filter(gpu_type=gpu_type).count()
     largest = gpus.values("gpu_type").annotate(n=Count("id")).aggregate(m=Max("n"))["m"]
     return largest or 0
+
+
+def largest_gpu_memory_mb(gpu_type: str | None) -> int:
+    gpus = GPU.objects.exclude(health=GPU.Health.FAULTY)
+    if gpu_type:
+        gpus = gpus.filter(gpu_type=gpu_type)
+    return gpus.aggregate(m=Max("memory_mb"))["m"] or 0

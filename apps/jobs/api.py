@@ -65,7 +65,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         form.is_valid(raise_exception=True)
         try:
             job = services.job_submit(
-                user=request.user, spec=services.JobSpec(**form.validated_data), request=request._request
+                user=request.user, spec=services.JobSpec(**form.to_spec_fields()), request=request._request
             )
         except JobSpecError as exc:
             raise serializers.ValidationError(exc.errors) from None

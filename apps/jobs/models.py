@@ -31,6 +31,9 @@ class Job(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.TRAIN)
     gpus = models.PositiveIntegerField()
+    # A fraction of one GPU in 1/100s (100 = whole GPUs); gpu_memory_mb asks for memory on one GPU instead.
+    gpu_share_units = models.PositiveSmallIntegerField(default=100)
+    gpu_memory_mb = models.PositiveIntegerField(null=True, blank=True)
     gpu_type = models.CharField(max_length=60, blank=True)
     priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.NORMAL)
     preset = models.CharField(max_length=60)
@@ -82,19 +85,32 @@ class Job(models.Model):
     def is_final(self) -> bool:
         return self.state in self.FINAL_STATES
 
+    @property
+    def is_fractional(self) -> bool:
+        return self.gpus == 1 and (self.gpu_share_units < 100 or self.gpu_memory_mb is not None)
+
+    @property
+    def gpus_requested(self) -> float | int:
+        """What the user asked for: whole GPUs, or a fraction such as 0.25."""
+        return self.gpu_share_units / 100 if self.gpu_share_units < 100 else self.gpus
+
 
 class JobAllocation(models.Model):
     """A GPU held by a job. At most one active (unreleased) allocation per GPU, enforced by the database."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="allocations")
+    # The part of the GPU held, in 1/100s. Shares on one GPU never add up to more than 100: placement checks it
+    # under the GPU's row lock, and the database refuses a second whole-GPU allocation outright.
+    share_units = models.PositiveSmallIntegerField(default=100)
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["gpu"], condition=Q(released_at__isnull=True), name="one_active_allocation_per_gpu"
+                fields=["gpu"], condition=Q(released_at__isnull=True, share_units=100),
+                name="one_active_whole_allocation_per_gpu",
             )
         ]
 
@@ -109,6 +125,7 @@ class UsageSegment(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="usage_segments")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="usage_segments")
     gpus = models.PositiveIntegerField()
+    share_units = models.PositiveSmallIntegerField(default=100, help_text="Part of each GPU held, in 1/100s.")
     started_at = models.DateTimeField(db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
@@ -124,7 +141,7 @@ class UsageSegment(models.Model):
     def gpu_seconds(self) -> float | None:
         if self.ended_at is None:
             return None
-        return self.gpus * (self.ended_at - self.started_at).total_seconds()
+        return self.gpus * self.share_units / 100 * (self.ended_at - self.started_at).total_seconds()
 
 
 class JobEvent(models.Model):

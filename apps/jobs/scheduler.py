@@ -100,7 +100,8 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None)
             name=host.name,
             schedulable=host.state == Host.State.UP,
             gpus=tuple(
-                GpuView(gpu_id=gpu.pk, index=gpu.index, gpu_type=gpu.gpu_type, schedulable=gpu.health == GPU.Health.OK)
+                GpuView(gpu_id=gpu.pk, index=gpu.index, gpu_type=gpu.gpu_type, schedulable=gpu.health == GPU.Health.OK,
+                        memory_mb=gpu.memory_mb)
                 for gpu in host.gpus.all()
             ),
         )
@@ -133,6 +134,8 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None)
             "preemption_count": job.preemption_count,
             "similarity_key": similarity_key(job.workload),
             "preemptible": job.priority != "urgent",
+            "gpu_share": job.gpu_share_units / 100,
+            "gpu_memory_mb": job.gpu_memory_mb,
         }
 
     # A job already asked to stop is left out: its GPUs count as free, so the policy does not pick further
@@ -194,7 +197,9 @@ def scheduler_pass() -> PassResult:
         for job_id, info in decisions.pending.items()
     }
     for placement in decisions.placements:
-        if services.job_place(placement.job_id, placement.gpu_ids, borrowing=placement.borrowing):
+        share_units = round(placement.gpu_share * 100)
+        if services.job_place(placement.job_id, placement.gpu_ids, borrowing=placement.borrowing,
+                              share_units=share_units):
             placed += 1
         else:
             pending_info[placement.job_id] = ("starting: waiting for its GPUs to be released", 1, None)

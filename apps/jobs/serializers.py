@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -55,7 +56,14 @@ class JobSubmitSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
     team = serializers.SlugField(max_length=49, required=False)
     kind = serializers.ChoiceField(choices=Job.Kind.choices, default=Job.Kind.TRAIN)
-    gpus = serializers.IntegerField(min_value=1, max_value=4096)
+    gpus = serializers.DecimalField(
+        max_digits=6, decimal_places=2, min_value=Decimal("0.01"), max_value=4096,
+        help_text="whole GPUs, or a fraction of one GPU (0.25, 0.5) to share it",
+    )
+    gpu_memory_gb = serializers.FloatField(
+        min_value=0.1, max_value=10_000, required=False, allow_null=True,
+        help_text="memory on one GPU; the job then shares that GPU (its share follows from the memory)",
+    )
     gpu_type = serializers.CharField(max_length=60, required=False, allow_blank=True)
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
     preset = serializers.CharField(max_length=60, required=False)
@@ -66,29 +74,60 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     max_retries = serializers.IntegerField(min_value=0, max_value=3, required=False, default=0)
 
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        gpus: Decimal = data["gpus"]
+        if gpus >= 1 and gpus != gpus.to_integral_value():
+            raise serializers.ValidationError(
+                {"gpus": ["Fractions are for a part of one GPU (e.g. 0.25 or 0.5); ask for whole GPUs above 1."]})
+        if data.get("gpu_memory_gb") is not None and gpus > 1:
+            raise serializers.ValidationError({"gpu_memory_gb": ["Memory is asked for on one GPU: use gpus ≤ 1."]})
+        return data
+
+    def to_spec_fields(self) -> dict[str, Any]:
+        """The validated data as JobSpec fields: whole GPUs, or one GPU with a share in 1/100s."""
+        data = dict(self.validated_data)
+        gpus: Decimal = data.pop("gpus")
+        memory_gb = data.pop("gpu_memory_gb", None)
+        if gpus < 1:
+            data.update(gpus=1, gpu_share_units=int(gpus * 100))
+        else:
+            data["gpus"] = int(gpus)
+        if memory_gb is not None:
+            data["gpu_memory_mb"] = int(memory_gb * 1024)
+        return data
+
 
 class AllocationSerializer(serializers.Serializer):
+    share = serializers.SerializerMethodField()
     host = serializers.CharField(source="gpu.host.name")
     index = serializers.IntegerField(source="gpu.index")
     uuid = serializers.CharField(source="gpu.uuid")
     gpu_type = serializers.CharField(source="gpu.gpu_type")
 
+    def get_share(self, allocation) -> float:
+        return allocation.share_units / 100
+
 
 class JobSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     user = serializers.CharField(source="user.username", read_only=True)
+    gpus = serializers.FloatField(source="gpus_requested", read_only=True)
+    gpu_memory_gb = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = [
-            "id", "name", "team", "user", "kind", "gpus", "gpu_type", "priority", "preset", "workload", "max_steps",
+            "id", "name", "team", "user", "kind", "gpus", "gpu_memory_gb", "gpu_type", "priority", "preset", "workload", "max_steps",
             "time_limit_minutes", "max_retries", "state", "pending_reason", "queue_position", "estimated_start",
             "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done", "steps_per_second",
-            "samples_per_second", "last_loss", "allocations", "created_at", "placed_at", "started_at",
+            "samples_per_second", "last_loss", "runtime_info", "allocations", "created_at", "placed_at", "started_at",
             "finished_at",
         ]
         read_only_fields = fields
+
+    def get_gpu_memory_gb(self, job: Job) -> float | None:
+        return round(job.gpu_memory_mb / 1024, 2) if job.gpu_memory_mb is not None else None
 
     def get_allocations(self, job: Job) -> list[dict[str, Any]]:
         active = [a for a in job.allocations.all() if a.released_at is None]

@@ -11,20 +11,21 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import F as models_F
+from django.db.models import Sum
 from django.http import HttpRequest
 from django.utils import timezone
 
 from apps.accounts.models import ROLE_RANK, Role, Team
 from apps.accounts.selectors import is_admin, role_in_team, teams_visible_to
 from apps.cluster.models import GPU, Host
-from apps.cluster.selectors import known_gpu_types, largest_pool
+from apps.cluster.selectors import known_gpu_types, largest_gpu_memory_mb, largest_pool
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation, JobEvent, JobLogChunk, UsageSegment
 from apps.jobs.selectors import can_cancel
 from apps.quotas.models import PRIORITY_RANK, Priority, UserQuota
-from apps.quotas.selectors import budget_exhausted, gpus_held
+from apps.quotas.selectors import budget_exhausted, gpus_held, units_held
 from apps.quotas.services import quota_lock
 from workers.protocol import RUN_JOB_TASK, STOP_JOB_TASK, Dispatch, JobStatus, Rendezvous, host_queue
 from workers.runtime.catalog import PRESETS, WORKLOADS, validate_params
@@ -47,6 +48,13 @@ class JobSpec:
     max_steps: int | None = None
     time_limit_minutes: int | None = None
     max_retries: int = 0
+    # A fraction of one GPU, in 1/100s (100: whole GPUs), or memory on one GPU.
+    gpu_share_units: int = 100
+    gpu_memory_mb: int | None = None
+
+    @property
+    def units(self) -> int:
+        return self.gpus * self.gpu_share_units
 
 
 def default_preset(kind: str) -> str:
@@ -124,6 +132,11 @@ def _check_gpus(team: Team, spec: JobSpec, quota: Any, user: AbstractBaseUser) -
             allowed = ", ".join(quota.allowed_gpu_types)
             errors["gpu_type"] = [f"Team {team.slug} may use only these GPU types: {allowed}."]
     gpu_errors: list[str] = []
+    if spec.gpu_memory_mb is not None and "gpu_type" not in errors:
+        largest = largest_gpu_memory_mb(spec.gpu_type)
+        if spec.gpu_memory_mb > largest:
+            kind = f"{spec.gpu_type} GPU" if spec.gpu_type else "GPU"
+            errors["gpu_memory_gb"] = [f"The largest {kind} has {largest / 1024:.0f} GB of memory."]
     if quota.max_gpus == 0:
         gpu_errors.append(f"Team {team.slug} has no GPU quota.")
     elif spec.gpus > quota.max_gpus:
@@ -155,9 +168,8 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
             errors["team"] = [f"Team {team.slug} has used its {quota.gpu_hours_per_month} GPU-hour budget this month."]
         if errors:
             raise JobSpecError(errors)
-        held = gpus_held(team)
-        if held + spec.gpus > quota.max_gpus:
-            pending_reason = f"team {team.slug} holds {held} of {quota.max_gpus} GPUs"
+        if units_held(team) + spec.units > quota.max_gpus * 100:
+            pending_reason = f"team {team.slug} holds {gpus_held(team)} of {quota.max_gpus} GPUs"
         else:
             pending_reason = "waiting for the scheduler"
         job = Job.objects.create(
@@ -173,6 +185,8 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
             max_steps=spec.max_steps,
             time_limit_minutes=spec.time_limit_minutes or _default_time_limit(),
             max_retries=spec.max_retries,
+            gpu_share_units=spec.gpu_share_units,
+            gpu_memory_mb=spec.gpu_memory_mb,
             pending_reason=pending_reason,
         )
         JobEvent.objects.create(job=job, to_state=State.QUEUED, reason=f"submitted by {user.get_username()}", actor=user)
@@ -236,7 +250,12 @@ def _release(job: Job, now: Any) -> None:
 
 
 def job_place(
-    job_id: int, gpu_ids: tuple[int, ...], *, reason: str = "placed by the scheduler", borrowing: bool = False
+    job_id: int,
+    gpu_ids: tuple[int, ...],
+    *,
+    reason: str = "placed by the scheduler",
+    borrowing: bool = False,
+    share_units: int | None = None,
 ) -> bool:
     """Give a queued job its GPUs, atomically. False (and nothing changed) if anything no longer holds.
 
@@ -252,21 +271,34 @@ def job_place(
             job = _lock_job(job_id)
             if job is None or job.state != State.QUEUED:
                 return False
+            share = 100 if not job.is_fractional else (share_units or job.gpu_share_units)
+            if not 1 <= share <= 100:
+                return False
+            units = job.gpus * share
             if borrowing:
                 if not quota.may_borrow:
                     return False
-            elif gpus_held(job.team, guaranteed_only=True) + job.gpus > quota.max_gpus:
+            elif units_held(job.team, guaranteed_only=True) + units > quota.max_gpus * 100:
                 return False
             user_cap = UserQuota.objects.filter(team=job.team, user_id=job.user_id).values_list("max_gpus", flat=True)
-            if user_cap and gpus_held(job.team, user=job.user) + job.gpus > user_cap[0]:
+            if user_cap and units_held(job.team, user=job.user) + units > user_cap[0] * 100:
                 return False
             gpus = list(GPU.objects.select_for_update().filter(pk__in=gpu_ids).select_related("host").order_by("pk"))
             if len(gpus) != len(gpu_ids) or not all(_placeable(gpu, job) for gpu in gpus):
                 return False
-            if JobAllocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True).exists():
+            # Under the GPUs' row locks: what is left of each GPU must hold this job's share.
+            taken = dict(
+                JobAllocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True)
+                .values_list("gpu_id").annotate(units=Sum("share_units"))
+            )
+            if any(taken.get(gpu.pk, 0) + share > 100 for gpu in gpus):
+                return False
+            if job.gpu_memory_mb is not None and any(job.gpu_memory_mb > gpu.memory_mb for gpu in gpus):
                 return False
             now = timezone.now()
             where = ", ".join(f"{gpu.host.name}:{gpu.index}" for gpu in gpus)
+            if share < 100:
+                where += f" ({share}% of the GPU, shared)"
             if borrowing:
                 where += " (borrowing idle GPUs beyond the team's quota; preemptible)"
             if not _transition(
@@ -283,9 +315,12 @@ def job_place(
                 data={"gpus": [gpu.uuid for gpu in gpus]},
             ):
                 return False
-            JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu) for gpu in gpus])
+            JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu, share_units=share) for gpu in gpus])
             Job.objects.filter(pk=job.pk).update(node_results={})
-            UsageSegment.objects.create(job=job, team=job.team, user_id=job.user_id, gpus=job.gpus, started_at=now)
+            UsageSegment.objects.create(job=job, team=job.team, user_id=job.user_id, gpus=job.gpus,
+                                        share_units=share, started_at=now)
+            if share != job.gpu_share_units:
+                Job.objects.filter(pk=job.pk).update(gpu_share_units=share)
             transaction.on_commit(lambda: _dispatch(job.pk))
             return True
     except IntegrityError:
@@ -450,6 +485,8 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
                     max_steps=job.max_steps,
                     multi_process=multi_process or len(order) > 1,
                     rendezvous=rendezvous,
+                    gpu_share=job.gpu_share_units / 100,
+                    gpu_memory_mb=job.gpu_memory_mb,
                 ),
             )
         )
@@ -513,7 +550,11 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
             if node in results:
                 return job, False
             results[node] = {"state": "running", "host": host.name}
-            Job.objects.filter(pk=job.pk).update(node_results=results)
+            fields: dict[str, Any] = {"node_results": results}
+            if status.details.get("isolation"):
+                fields["runtime_info"] = {**job.runtime_info, "isolation": status.details["isolation"],
+                                          "gpu_memory_limit_mb": status.details.get("gpu_memory_limit_mb")}
+            Job.objects.filter(pk=job.pk).update(**fields)
             if job.state == State.PLACED:
                 _transition(job, State.RUNNING, f"process started on {host.name}", from_states=[State.PLACED],
                             started_at=now, data=status.details)
@@ -611,7 +652,7 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
             if isinstance(port, int) and 0 < port < 65536:
                 address = host.address or host.name
                 Job.objects.filter(pk=job.pk).update(
-                    runtime_info={"endpoint": f"http://{address}:{port}", "attempt": attempt})
+                    runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{port}", "attempt": attempt})
             return
         fields: dict[str, Any] = {}
         if isinstance(progress.get("step"), int) and progress["step"] >= 0:

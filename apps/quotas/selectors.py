@@ -17,8 +17,13 @@ def month_start(now: datetime) -> datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-def gpus_held(team: Team, user=None, *, guaranteed_only: bool = False) -> int:
-    """GPUs the team's placed and running jobs hold; `guaranteed_only` leaves out borrowed capacity."""
+def units_held(team: Team, user=None, *, guaranteed_only: bool = False) -> int:
+    """GPUs the team's placed and running jobs hold, in 1/100 GPU (fractions counted exactly).
+
+    `guaranteed_only` leaves out capacity borrowed beyond the quota.
+    """
+    from django.db.models import F
+
     from apps.jobs.models import Job
 
     jobs = Job.objects.filter(team=team, state__in=Job.HOLDING_STATES)
@@ -26,7 +31,12 @@ def gpus_held(team: Team, user=None, *, guaranteed_only: bool = False) -> int:
         jobs = jobs.filter(user=user)
     if guaranteed_only:
         jobs = jobs.filter(borrowing=False)
-    return jobs.aggregate(total=Sum("gpus"))["total"] or 0
+    return jobs.aggregate(total=Sum(F("gpus") * F("gpu_share_units")))["total"] or 0
+
+
+def gpus_held(team: Team, user=None, *, guaranteed_only: bool = False) -> float:
+    units = units_held(team, user, guaranteed_only=guaranteed_only)
+    return units // 100 if units % 100 == 0 else units / 100
 
 
 def gpu_seconds_between(team: Team, start: datetime, end: datetime) -> float:
@@ -34,17 +44,17 @@ def gpu_seconds_between(team: Team, start: datetime, end: datetime) -> float:
 
     total = 0.0
     segments = UsageSegment.objects.filter(team=team, started_at__lt=end).exclude(ended_at__lte=start)
-    for gpus, seg_start, seg_end in segments.values_list("gpus", "started_at", "ended_at"):
+    for gpus, share, seg_start, seg_end in segments.values_list("gpus", "share_units", "started_at", "ended_at"):
         overlap = (min(seg_end or end, end) - max(seg_start, start)).total_seconds()
         if overlap > 0:
-            total += gpus * overlap
+            total += gpus * share / 100 * overlap
     return total
 
 
 @dataclass(frozen=True)
 class TeamUsage:
     team: str
-    gpus_held: int
+    gpus_held: float
     max_gpus: int
     gpu_hours_this_month: float
     gpu_hours_budget: float  # 0 = unlimited

@@ -23,7 +23,7 @@ class TeamQuotaSerializer(serializers.ModelSerializer):
 
 class TeamUsageSerializer(serializers.Serializer):
     team = serializers.CharField()
-    gpus_held = serializers.IntegerField()
+    gpus_held = serializers.FloatField(help_text="fractions of shared GPUs counted exactly")
     max_gpus = serializers.IntegerField()
     gpu_hours_this_month = serializers.FloatField()
     gpu_hours_budget = serializers.FloatField(help_text="0 means unlimited")

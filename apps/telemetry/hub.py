@@ -104,7 +104,8 @@ class Hub:
         watched = {s.job_id for s in self.subscribers if s.job_id is not None}
         for subscriber in self.subscribers:
             if subscriber.job_id is not None:
-                mine = [g for g in samples if g["job"] == subscriber.job_id]
+                mine = [_visible_sample(g, subscriber) for g in samples
+                        if any(j["job"] == subscriber.job_id for j in g.get("jobs", []))]
                 subscriber.offer_sample({"type": "gpu.sample", "ts": now, "gpus": mine})
         changes = await sync_to_async(self._read_outbox)(watched, bool(cluster))
         self._deliver(changes)
@@ -200,10 +201,16 @@ def _host_names() -> list[str]:
 def _visible_sample(gpu: dict[str, Any], subscriber: Any) -> dict[str, Any]:
     """Another team's job on a GPU shows as busy, without naming the job, the team or its processes."""
     sample = {k: v for k, v in gpu.items() if k != "processes"}
-    if gpu["team"] is not None and not subscriber.is_admin and gpu["team"] not in subscriber.visible_teams:
-        sample["job"] = None
-        sample["team"] = None
+    if subscriber.is_admin:
+        return sample
+    mine = [j for j in gpu.get("jobs", []) if j["team"] in subscriber.visible_teams]
+    if len(mine) != len(gpu.get("jobs", [])):
+        sample["jobs"] = mine
         sample["other_team"] = True
+    if gpu["team"] is not None and gpu["team"] not in subscriber.visible_teams:
+        first = mine[0] if mine else None
+        sample["job"] = first["job"] if first else None
+        sample["team"] = first["team"] if first else None
     return sample
 
 

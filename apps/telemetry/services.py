@@ -68,7 +68,8 @@ class GpuInfo:
 class HostMaps:
     loaded_at: float
     gpus: dict[str, GpuInfo]  # uuid -> info
-    jobs: dict[int, tuple[int, str]]  # gpu id -> (job id, team slug)
+    jobs: dict[int, tuple[int, str]]  # gpu id -> (job id, team slug) of the first job on it
+    shares: dict[int, list[tuple[int, str, int]]] = field(default_factory=dict)  # gpu id -> [(job, team, units)]
 
 
 _maps: dict[int, HostMaps] = {}
@@ -86,13 +87,14 @@ def host_maps(host: Host, *, fresh: bool = False) -> HostMaps:
             "pk", "uuid", "index", "gpu_type", "health"
         )
     }
-    jobs = {
-        gpu_id: (job_id, team)
-        for gpu_id, job_id, team in JobAllocation.objects.filter(
-            gpu__host=host, released_at__isnull=True, job__state__in=Job.HOLDING_STATES
-        ).values_list("gpu_id", "job_id", "job__team__slug")
-    }
-    maps = HostMaps(now, gpus, jobs)
+    jobs: dict[int, tuple[int, str]] = {}
+    shares: dict[int, list[tuple[int, str, int]]] = {}
+    for gpu_id, job_id, team, units in JobAllocation.objects.filter(
+        gpu__host=host, released_at__isnull=True, job__state__in=Job.HOLDING_STATES
+    ).order_by("job_id").values_list("gpu_id", "job_id", "job__team__slug", "share_units"):
+        jobs.setdefault(gpu_id, (job_id, team))
+        shares.setdefault(gpu_id, []).append((job_id, team, units))
+    maps = HostMaps(now, gpus, jobs, shares)
     with _maps_lock:
         _maps[host.pk] = maps
     return maps
@@ -291,10 +293,18 @@ def ingest_batch(host: Host, batch: Any) -> dict[str, int]:
         info = maps.gpus[sample["uuid"]]
         job = maps.jobs.get(info.gpu_id)
         accumulator.add(info.gpu_id, sample, job[0] if job else None)
+        memory = {}
+        for process in sample["processes"]:
+            if process["job"] is not None and process["memory_mb"] is not None:
+                memory[process["job"]] = memory.get(process["job"], 0) + process["memory_mb"]
         frame_gpus.append({
             "host": host.name, "index": info.index, "uuid": sample["uuid"], "gpu_type": info.gpu_type,
             "simulated": host.simulated, "health": info.health, "job": job[0] if job else None,
-            "team": job[1] if job else None, **{k: sample[k] for k in ("ts", "available", *FRAME_FIELDS)},
+            "team": job[1] if job else None,
+            # Every job on the GPU with its share and the memory its processes use (shared GPUs hold several).
+            "jobs": [{"job": job_id, "team": team, "share": units / 100, "memory_mb": memory.get(job_id)}
+                     for job_id, team, units in maps.shares.get(info.gpu_id, [])],
+            **{k: sample[k] for k in ("ts", "available", *FRAME_FIELDS)},
             "throttle_reasons": sample["throttle_reasons"], "error": sample["error"],
             "processes": sample["processes"],
         })

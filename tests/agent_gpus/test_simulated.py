@@ -150,7 +150,8 @@ def test_utilization_and_memory_follow_the_attached_processes(clock):
         (100, 3500)
     ]
     assert idle.utilization_pct < 5 and idle.memory_used_mb == 550  # attached but idle: low, not 0 memory
-    assert limited.memory_used_mb == 20_000  # capped at the job's declared memory
+    # Not capped at the job's declared 20 GB: the agent's watch must see a job go past its share and stop it.
+    assert limited.memory_used_mb == 500 + 50_000
     # pid 300 is attached to GPUs 2 and 3: its core is shared, ~0.5 each -> ~80 %
     assert 70 <= limited.utilization_pct <= 90 and 70 <= shared.utilization_pct <= 90
     assert shared.memory_used_mb == 500 + 50_000  # half of the RSS each

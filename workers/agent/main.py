@@ -20,6 +20,7 @@ from celery.signals import worker_shutdown
 
 from workers.agent.client import AgentConfigError, ConsoleClient
 from workers.agent.runner import JobProcess, JobRunner, kill_leftover_jobs
+from workers.agent.sharing import over_share
 from workers.agent.telemetry import TelemetryLoop
 from workers.protocol import (
     HEARTBEAT_INTERVAL_S,
@@ -59,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "inference replicas); default: this host name's address")
     parser.add_argument("--concurrency", type=int, default=8, help="dispatch messages handled at once")
     parser.add_argument("--grace-s", type=float, default=5.0, help="SIGTERM to SIGKILL grace when stopping jobs")
+    parser.add_argument("--no-mps", action="store_true",
+                        help="never use NVIDIA MPS for shared GPUs (the allocator cap and the memory watch remain)")
     parser.add_argument("--fault-file", default=os.environ.get("GPU_AGENT_FAULT_FILE"),
                         help="simulated backend: JSON file of injected faults")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
@@ -212,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
 
     runner = JobRunner(client, work_root=work_root, artifacts_root=artifacts,
                        simulated=backend.kind == "simulated", grace_s=args.grace_s,
-                       on_attach=attach, on_detach=detach)
+                       on_attach=attach, on_detach=detach,
+                       gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
+                       mps=backend.kind == "nvml" and not args.no_mps)
     stop = threading.Event()
     message = registration(args, backend)
     try:
@@ -221,7 +226,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gpu-agent: the console refused this agent: {exc}") from None
     threading.Thread(target=heartbeat_loop, args=(client, runner, message, stop), name="heartbeat",
                      daemon=True).start()
-    TelemetryLoop(backend, client.telemetry, runner.job_roots).start()
+    def watch_memory(used: dict[int, int]) -> None:
+        for job_id, used_mb, limit_mb in over_share(used, runner.memory_limits()):
+            logger.warning("job %s uses %d MiB of GPU memory, over its share of %d MiB: stopping it",
+                           job_id, used_mb, limit_mb)
+            runner.stop(job_id, None, f"used {used_mb} MiB of GPU memory, over its share of {limit_mb} MiB",
+                        state="failed")
+
+    TelemetryLoop(backend, client.telemetry, runner.job_roots, on_memory=watch_memory).start()
 
     @worker_shutdown.connect(weak=False)
     def _on_shutdown(**_: object) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.agent.client import ConsoleClient, ConsoleRejected
+from workers.agent.sharing import MpsControl, ShareLimits, share_limits
 from workers.protocol import Dispatch, JobStatus
 
 logger = logging.getLogger("workers.agent")
@@ -101,6 +102,7 @@ class JobProcess:
     stop_state: str | None = None
     stop_reason: str = ""
     timer: threading.Timer | None = None
+    limits: ShareLimits | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -124,6 +126,8 @@ class JobRunner:
         preempt_grace_s: float = 60.0,
         on_attach: Callable[[JobProcess], None] | None = None,
         on_detach: Callable[[JobProcess], None] | None = None,
+        gpus: dict[int, tuple[str, int]] | None = None,
+        mps: bool = False,
     ) -> None:
         self.client = client
         self.work_root = work_root
@@ -138,6 +142,9 @@ class JobRunner:
         self._lock = threading.Lock()
         self._launcher = Launcher()
         self.work_root.mkdir(parents=True, exist_ok=True)
+        # GPU index -> (uuid, memory MiB), for fractional jobs' limits.
+        self.gpus = gpus or {}
+        self.mps = MpsControl(work_root, enabled=mps)
 
     # --- what the console asks for
 
@@ -153,6 +160,9 @@ class JobRunner:
     def start(self, dispatch: Dispatch) -> str:
         """Start a dispatched job. Returns "started", "duplicate" or "refused"; never raises for a bad job."""
         job = JobProcess(dispatch, self._workdir(dispatch))
+        index = dispatch.gpu_indices[0] if dispatch.gpu_indices else 0
+        job.limits = share_limits(dispatch, self.gpus.get(index, ("", 0))[1], mps=self.mps.enabled,
+                                  simulated=self.simulated)
         with self._lock:
             if job.key in self._jobs:
                 return "duplicate"
@@ -160,7 +170,11 @@ class JobRunner:
         try:
             reply = self.client.report(
                 dispatch.job_id,
-                JobStatus("running", dispatch.attempt, node_rank=job.node_rank, details={"host": dispatch.host}),
+                JobStatus("running", dispatch.attempt, node_rank=job.node_rank, details={
+                    "host": dispatch.host,
+                    **({"isolation": job.limits.mechanism, "gpu_memory_limit_mb": job.limits.memory_mb}
+                       if job.limits else {}),
+                }),
                 attempts=5,
             )
         except ConsoleRejected as exc:
@@ -426,7 +440,19 @@ class JobRunner:
             env.pop("CONSOLE_MAX_STEPS", None)
         if self.simulated:
             env["CONSOLE_DEVICE"] = "cpu"  # simulated GPUs: the work runs on this host's CPUs
+        if job.limits is not None:
+            total = self.gpus.get(dispatch.gpu_indices[0], ("", 0))[1]
+            env["CONSOLE_GPU_MEMORY_LIMIT_MB"] = str(job.limits.memory_mb)
+            if total:
+                env["CONSOLE_GPU_MEMORY_FRACTION"] = f"{min(1.0, job.limits.memory_mb / total):.4f}"
+            if job.limits.mechanism == "mps":
+                env.update(self.mps.environment(job.limits, self.gpus[dispatch.gpu_indices[0]][0]))
         return env
+
+    def memory_limits(self) -> dict[int, int]:
+        """job id -> GPU memory limit (MiB) of the running fractional jobs."""
+        with self._lock:
+            return {job.dispatch.job_id: job.limits.memory_mb for job in self._jobs.values() if job.limits}
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

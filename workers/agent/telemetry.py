@@ -49,6 +49,16 @@ def sample_message(sample: GpuSample, job_roots: dict[int, int]) -> dict[str, An
     return message
 
 
+def memory_by_job(messages: list[dict[str, Any]]) -> dict[int, int]:
+    """GPU memory (MiB) each of our jobs uses, summed over its processes on every GPU."""
+    used: dict[int, int] = {}
+    for message in messages:
+        for process in message["processes"]:
+            if process["job"] is not None and process["memory_mb"] is not None:
+                used[process["job"]] = used.get(process["job"], 0) + process["memory_mb"]
+    return used
+
+
 def xid_message(event: XidEvent) -> dict[str, Any]:
     return {"index": event.index, "uuid": event.uuid, "xid": event.xid, "ts": event.ts}
 
@@ -61,11 +71,13 @@ class TelemetryLoop:
         job_roots: Callable[[], dict[int, int]],
         *,
         interval_s: float = SAMPLE_INTERVAL_S,
+        on_memory: Callable[[dict[int, int]], None] | None = None,
     ) -> None:
         self.backend = backend
         self.send = send
         self.job_roots = job_roots
         self.interval_s = interval_s
+        self.on_memory = on_memory
         self.stop = threading.Event()
 
     def start(self) -> None:
@@ -78,7 +90,10 @@ class TelemetryLoop:
             try:
                 samples = self.backend.sample()
                 roots = self.job_roots()
-                self.send({"ts": time.time(), "gpus": [sample_message(s, roots) for s in samples], "xid": []})
+                messages = [sample_message(s, roots) for s in samples]
+                if self.on_memory is not None:
+                    self.on_memory(memory_by_job(messages))
+                self.send({"ts": time.time(), "gpus": messages, "xid": []})
             except Exception as exc:  # noqa: BLE001 - telemetry must never stop the agent
                 logger.warning("telemetry batch not sent: %s", exc)
             next_tick += self.interval_s

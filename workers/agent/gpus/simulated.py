@@ -7,8 +7,8 @@ was given; the simulated GPU then shows:
   group): one busy core ~ 96 %, half a core ~ 81 %, an idle (sleeping) process
   ~ 0-3 %, nothing attached 0 %. A job attached to
   several GPUs through the same pid has its CPU use split between them.
-* memory used: a CUDA context (~500 MB) plus the RSS of the tree (times ``memory_scale``), capped at the job's
-  declared memory limit and at the GPU's memory. Processes: one entry per attached, live root pid.
+* memory used: a CUDA context (~500 MB) plus the RSS of the tree (times ``memory_scale``), capped at the GPU's
+  memory (not at the job's declared limit: the agent's watch enforces that, as it must on a real GPU). Processes: one entry per attached, live root pid.
 * power = idle + (TDP - idle) x utilization; temperature follows power with a first-order lag
   (time constant ``thermal_tau_s``, ambient 30 C, ~75 C at TDP); the SM clock drops when hot and to the idle
   clock when nothing runs; clock-event reasons follow (GPU idle, SW power cap, thermal slowdowns).
@@ -320,10 +320,9 @@ class SimulatedBackend:
             share = shares.get(job.pid, 1)
             cores = tree.cpu_cores / share
             util += 100.0 * (1.0 - math.exp(-cores / CORE_SCALE))
-            mem = CONTEXT_MB + int(tree.rss_mb * self.memory_scale / share)
-            if job.memory_limit_mb is not None:
-                mem = min(mem, int(job.memory_limit_mb))
-            mem = min(mem, model.memory_mb)
+            # Not capped at the job's limit: as on a real GPU without MPS, a job may go past its share, and the
+            # agent's watch has to notice and stop it.
+            mem = min(CONTEXT_MB + int(tree.rss_mb * self.memory_scale / share), model.memory_mb)
             used_mb += mem
             # The root pid, or (launcher gone, workers still running) the first orphan of its process group.
             processes.append(ProcessUsage(job.pid if job.pid in tree.pids else tree.pids[0], mem))
