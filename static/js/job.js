@@ -11,32 +11,39 @@
     ["power", "Power (W)", 4]];
   var FINAL = ["succeeded", "failed", "cancelled"];
 
-  /* GPU charts: one canvas per metric, one line per GPU. */
+  /* GPU charts: one canvas per metric, one line per GPU. GPUs placed after page load are added as they appear. */
   var gpuRings = {}; /* metric -> uuid -> Ring */
   var charts = {};
-  var uuids = live.gpus.slice();
-  Object.keys(history).forEach(function (u) { if (uuids.indexOf(u) < 0) { uuids.push(u); } });
+  var uuids = [];
   var box = document.getElementById("gpu-charts");
-  METRICS.forEach(function (m) {
-    gpuRings[m[0]] = {};
-    uuids.forEach(function (u) {
-      var points = history[u] || [];
+  METRICS.forEach(function (m) { gpuRings[m[0]] = {}; });
+  function captionText(m) { return m[1] + (uuids.length > 1 ? " — one line per GPU" : ""); }
+  function addGpu(u) {
+    if (uuids.indexOf(u) >= 0) { return; }
+    uuids.push(u);
+    var points = history[u] || [];
+    METRICS.forEach(function (m) {
       var ring = new GC.Ring(points.length + LIVE_POINTS);
       points.forEach(function (p) { ring.push(p[0], p[m[2]]); });
       gpuRings[m[0]][u] = ring;
+      if (!box) { return; }
+      if (!charts[m[0]]) {
+        var fig = document.createElement("figure");
+        var cap = document.createElement("figcaption");
+        var canvas = document.createElement("canvas");
+        canvas.width = 460; canvas.height = 120;
+        canvas.setAttribute("role", "img");
+        canvas.setAttribute("aria-label", m[1] + " of the job's GPUs over time");
+        fig.appendChild(cap); fig.appendChild(canvas); box.appendChild(fig);
+        charts[m[0]] = canvas;
+      }
+      charts[m[0]].previousSibling.textContent = captionText(m);
     });
-    if (box && uuids.length) {
-      var fig = document.createElement("figure");
-      var cap = document.createElement("figcaption");
-      cap.textContent = m[1] + (uuids.length > 1 ? " — one line per GPU" : "");
-      var canvas = document.createElement("canvas");
-      canvas.width = 460; canvas.height = 120;
-      canvas.setAttribute("role", "img");
-      canvas.setAttribute("aria-label", m[1] + " of the job's GPUs over time");
-      fig.appendChild(cap); fig.appendChild(canvas); box.appendChild(fig);
-      charts[m[0]] = canvas;
-    }
-  });
+    var empty = document.getElementById("gpu-charts-empty");
+    if (empty) { empty.hidden = true; }
+  }
+  live.gpus.forEach(addGpu);
+  Object.keys(history).forEach(addGpu);
   function drawGpus() {
     METRICS.forEach(function (m) {
       if (!charts[m[0]]) { return; }
@@ -76,9 +83,31 @@
       .then(function () { fetching = false; });
   }
 
+  function when(iso) { return iso ? iso.replace("T", " ").slice(0, 19) : "—"; }
+  function setText(id, text) {
+    var el = document.getElementById(id);
+    if (el && el.textContent !== text) { el.textContent = text; }
+  }
+  function addEvent(from, to) {
+    var list = document.getElementById("job-events");
+    if (!list) { return; }
+    var li = document.createElement("li");
+    var time = document.createElement("time");
+    var now = new Date();
+    time.setAttribute("datetime", now.toISOString());
+    time.textContent = when(now.toISOString());
+    var chip = document.createElement("span");
+    chip.className = "state state-" + to;
+    chip.textContent = (from || "new") + " → " + to;
+    li.appendChild(time); li.appendChild(document.createTextNode(" ")); li.appendChild(chip);
+    li.appendChild(document.createTextNode(" (live)"));
+    list.appendChild(li);
+  }
+
   function setState(job) {
     var el = document.getElementById("job-state");
     if (job.state && el.textContent !== job.state) {
+      addEvent(el.textContent, job.state);
       el.textContent = job.state;
       el.className = "state state-" + job.state;
       GC.toast("Job " + live.job + " is now " + job.state, FINAL.indexOf(job.state) >= 0 && job.state !== "succeeded" ? "warning" : "info");
@@ -91,6 +120,16 @@
       document.getElementById("job-pending-reason").textContent = job.pending_reason || "—";
     }
     if (job.steps_done !== undefined) { document.getElementById("job-steps").textContent = job.steps_done; }
+    if (job.started_at !== undefined) { setText("job-started", when(job.started_at)); }
+    if (job.finished_at !== undefined) { setText("job-finished", when(job.finished_at)); }
+    if (job.exit_code !== undefined) { setText("job-exit", job.exit_code === null ? "—" : String(job.exit_code)); }
+    if (job.attempts !== undefined) { setText("job-attempts", String(job.attempts)); }
+    if (job.allocations && job.allocations.length) {
+      setText("job-placed", job.allocations.map(function (a) {
+        return a.host + ":" + a.index + " (" + a.gpu_type + ")";
+      }).join(", "));
+      job.allocations.forEach(function (a) { addGpu(a.uuid); });
+    }
   }
 
   function onProgress(msg) {
@@ -105,7 +144,10 @@
 
   function onSample(msg) {
     (msg.gpus || []).forEach(function (g) {
-      if (uuids.indexOf(g.uuid) < 0) { return; }
+      if (uuids.indexOf(g.uuid) < 0) {
+        if (g.job !== live.job) { return; }
+        addGpu(g.uuid);
+      }
       var t = g.ts || msg.ts;
       gpuRings.util[g.uuid].push(t, g.utilization_pct);
       gpuRings.mem[g.uuid].push(t, g.memory_used_mb);

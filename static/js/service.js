@@ -34,7 +34,7 @@
   function pct(v) { return v === null || v === undefined ? "—" : (100 * v).toFixed(v && v < 0.01 ? 2 : 0) + " %"; }
 
   function draw() {
-    var opts = { axis: true, min: 0, windowS: WINDOW_S };
+    var opts = { axis: true, min: 0 }; /* the ring holds the last WINDOW_S seconds */
     GC.drawLines(document.getElementById("chart-latency"), [p50, p95, p99], opts);
     GC.drawLines(document.getElementById("chart-rps"), [rps], opts);
     GC.drawLines(document.getElementById("chart-errors"), [errors], opts);
