@@ -44,6 +44,7 @@ def proc_lines(log: str) -> list[dict[str, str]]:
 
 
 def test_agents_register_with_their_namespace_addresses(cluster):
+    print(f"database: {cluster.database}")
     hosts = {h["name"]: h for h in cluster.admin().get("/api/v1/hosts/").json()["results"]}
     assert set(hosts) == set(AGENTS)
     for name, address in AGENTS.items():
