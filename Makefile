@@ -12,7 +12,7 @@ $(PY):
 
 # torch is pinned in pyproject (==2.13.0, the CPU build on this kind of machine).
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev,ml,agent]'
+	$(PY) -m pip install --quiet -e '.[dev,ml,agent,deploy]'
 	touch $(STAMP)
 
 migrate: $(STAMP)

@@ -15,6 +15,25 @@ class HostAdmin(admin.ModelAdmin):
     list_filter = ("state", "simulated")
     search_fields = ("name",)
     inlines = [GPUInline]
+    actions = ["start_draining", "stop_draining"]
+
+    @admin.action(description="Drain: no new jobs (kept across restarts)")
+    def start_draining(self, request, queryset) -> None:
+        from apps.cluster.services import host_set_draining
+
+        for host in queryset:
+            host_set_draining(host, True)
+
+    @admin.action(description="End draining")
+    def stop_draining(self, request, queryset) -> None:
+        from apps.cluster.services import host_set_draining
+
+        for host in queryset:
+            host_set_draining(host, False)
+
+    def save_model(self, request, obj, form, change) -> None:
+        obj.drain = obj.state == Host.State.DRAINING or (obj.drain and obj.state == Host.State.DOWN)
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(GPU)

@@ -11,6 +11,7 @@ class Host(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.DOWN, db_index=True)
+    drain = models.BooleanField(default=False, help_text="Kept draining across restarts until an admin ends it.")
     simulated = models.BooleanField(default=False, help_text="GPUs come from the simulated backend, not NVML.")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=40, blank=True)

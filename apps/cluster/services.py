@@ -55,7 +55,7 @@ def host_register(host: Host, registration: dict) -> Host:
         host.address = str(registration.get("address", ""))[:200]
         host.last_heartbeat = now
         if host.state == Host.State.DOWN:
-            host.state = Host.State.UP
+            host.state = Host.State.DRAINING if host.drain else Host.State.UP
         host.save()
         seen = set()
         for gpu in registration.get("gpus", []):
@@ -81,7 +81,15 @@ def host_heartbeat(host: Host) -> bool:
     """Record a heartbeat. Returns True when the host came back up from down."""
     now = timezone.now()
     Host.objects.filter(pk=host.pk).update(last_heartbeat=now)
-    return bool(Host.objects.filter(pk=host.pk, state=Host.State.DOWN).update(state=Host.State.UP))
+    back = Host.State.DRAINING if Host.objects.filter(pk=host.pk, drain=True).exists() else Host.State.UP
+    return bool(Host.objects.filter(pk=host.pk, state=Host.State.DOWN).update(state=back))
+
+
+def host_set_draining(host: Host, draining: bool) -> None:
+    """Draining: no new jobs land on the host (running ones finish or are moved); it survives restarts."""
+    state = Host.State.DRAINING if draining else Host.State.UP
+    Host.objects.filter(pk=host.pk).update(drain=draining)
+    Host.objects.filter(pk=host.pk).exclude(state=Host.State.DOWN).update(state=state)
 
 
 def hosts_mark_lost(now=None) -> list[Host]:

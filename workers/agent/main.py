@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
                        simulated=backend.kind == "simulated", grace_s=args.grace_s,
                        on_attach=attach, on_detach=detach,
                        gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
-                       mps=backend.kind == "nvml" and not args.no_mps)
+                       mps=backend.kind == "nvml" and not args.no_mps, address=args.address)
     stop = threading.Event()
     message = registration(args, backend)
     try:

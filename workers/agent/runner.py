@@ -128,6 +128,7 @@ class JobRunner:
         on_detach: Callable[[JobProcess], None] | None = None,
         gpus: dict[int, tuple[str, int]] | None = None,
         mps: bool = False,
+        address: str = "",
     ) -> None:
         self.client = client
         self.work_root = work_root
@@ -145,6 +146,8 @@ class JobRunner:
         # GPU index -> (uuid, memory MiB), for fractional jobs' limits.
         self.gpus = gpus or {}
         self.mps = MpsControl(work_root, enabled=mps)
+        # The address other hosts reach this one at: torchrun advertises it to the other nodes' workers.
+        self.address = address
 
     # --- what the console asks for
 
@@ -414,8 +417,9 @@ class JobRunner:
         rendezvous = dispatch.rendezvous
         if rendezvous is None:
             return [*args, "--standalone"]
+        local = ["--local-addr", self.address] if self.address else []
         return [
-            *args, "--nnodes", str(rendezvous.nnodes), "--rdzv-backend", "c10d",
+            *args, *local, "--nnodes", str(rendezvous.nnodes), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", rendezvous.endpoint, "--rdzv-id", rendezvous.run_id,
             "--rdzv-conf", f"is_host={'true' if rendezvous.node_rank == 0 else 'false'},join_timeout=120",
         ]
