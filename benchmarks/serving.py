@@ -8,6 +8,8 @@ prints throughput and client-side latency percentiles, plus the server's own mea
     python benchmarks/serving.py                                  # batching vs --no-batching, ~1 min
     python benchmarks/serving.py --concurrency 64 --duration 20 --json
     python benchmarks/serving.py --workload cnn-digits --preset infer-int8
+    python benchmarks/serving.py --params '{"hidden": 2048, "depth": 4}'   # a forward pass that costs more
+    python benchmarks/serving.py --modes batching,batching-nowait,no-batching   # + --max-wait-ms 0
     python benchmarks/serving.py --replicas 2                     # two servers per mode, round-robin
     python benchmarks/serving.py --target http://127.0.0.1:8000/serve/vision/digits/predict --token $TOKEN
 
@@ -17,16 +19,15 @@ sent as `Authorization: Bearer <token>`); it measures that endpoint as it is con
 stand-in for the gateway's load balancing (no gateway hop, no health checks), useful only to see whether a
 second process helps on this host (on a 2-core machine, it mostly does not).
 
-Reading the table: req/s counts 200 answers per second of the measured window (a warm-up period is left
-out); p50/p95/p99 are per request as the client saw them (including its own queueing on a busy CPU);
-batch is the mean number of inputs per forward pass on the server(s) during the run; srv p50 is the
-server's own median (request body received to answer sent, last 30 s, the worst replica); cli cpu is the
-load generator's CPU time (all --client-procs processes) over its wall time, srv cpu the servers' (all
-threads; 100% = one core busy):
-when neither is near what the machine has, the time goes to the OS scheduler (a shared, busy host);
-ms/input is the servers' CPU time per answered input: the capacity of a replica with a core to itself is
-1000 / ms/input inputs per second, whatever else runs on the host.
-The client runs on the same machine as the server(s) and competes with them for the CPU.
+Reading the table: req/s counts 200 answers per second of the measured windows (warm-ups left out);
+p50/p95/p99 are per request as the client saw them (including its own queueing on a busy CPU); batch is
+the mean number of inputs per forward pass on the server(s); srv p50 is the server's own median (body
+received to answer sent, last 30 s, worst replica); srv cpu and cli cpu are the servers' and the load
+generator's CPU time over wall time (100% = one core busy; when neither is near what the host has, the
+time goes to the OS scheduler: a shared, busy host); ms/input is the servers' CPU time per answered input,
+so a replica with a core to itself can answer about 1000 / ms/input inputs per second whatever else runs.
+The client runs on the same machine as the server(s) and competes with them for the CPU; the modes take
+turns over --rounds rounds so drifting background load hits all of them alike.
 """
 
 from __future__ import annotations
@@ -148,17 +149,19 @@ async def generate_load(urls: list[str], body: bytes, *, concurrency: int, durat
     """`concurrency` clients, each with one request in the air, round-robin over `urls`; the load starts
     at wall time `start_at` and is measured from `warmup` seconds later, for `duration` seconds."""
     load = Load()
-    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    limits = httpx.Limits(max_connections=len(urls), max_keepalive_connections=len(urls))
     counter = offset
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start_at - time.time()))
     start = loop.time()
     measure_from = start + warmup
     stop_at = measure_from + duration
-    async with httpx.AsyncClient(timeout=60, limits=limits,
-                                 headers={"content-type": "application/json", **headers}) as client:
-        async def client_loop() -> None:
-            nonlocal counter
+    async def client_loop() -> None:
+        # One httpx client (and keep-alive connection per URL) per simulated client: a single shared pool
+        # costs the load generator far more CPU per request at high concurrency.
+        nonlocal counter
+        async with httpx.AsyncClient(timeout=60, limits=limits,
+                                     headers={"content-type": "application/json", **headers}) as client:
             while (sent := loop.time()) < stop_at:
                 url = urls[counter % len(urls)]
                 counter += 1
@@ -177,7 +180,7 @@ async def generate_load(urls: list[str], body: bytes, *, concurrency: int, durat
                 else:
                     load.failed += 1
 
-        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     load.cpu_s = time.process_time()
     return load
 
@@ -315,10 +318,12 @@ def row_of(mode: Mode, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\n{args.client_procs} client process(es); workload {args.workload} {args.params or json.dumps(DEFAULT_PARAMS[args.workload])}, preset "
-          f"{args.preset}, {args.inputs_per_request} input(s)/request, {args.concurrency} concurrent clients, "
-          f"{args.duration:g} s in {args.rounds} rounds (+{args.warmup:g} s warm-up each), max-batch {args.max_batch}, "
-          f"max-wait {args.max_wait_ms:g} ms, {os.cpu_count()} CPUs")
+    served = (f"target {args.target}" if args.target else
+              f"workload {args.workload} {args.params or json.dumps(DEFAULT_PARAMS[args.workload])}, "
+              f"preset {args.preset}, max-batch {args.max_batch}, max-wait {args.max_wait_ms:g} ms")
+    print(f"\n{served}; {args.inputs_per_request} input(s)/request, {args.concurrency} concurrent clients in "
+          f"{args.client_procs} process(es), {args.duration:g} s in {args.rounds} rounds (+{args.warmup:g} s "
+          f"warm-up each), {os.cpu_count()} CPUs")
     header = (f"{'mode':<14}{'replicas':>9}{'req/s':>10}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'batch':>8}"
               f"{'failed':>8}{'srv p50':>9}{'srv cpu':>9}{'ms/input':>9}{'cli cpu':>9}")
     print(header)
@@ -351,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="infer-fp32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--modes", default="batching,no-batching", help=f"of {', '.join(MODES)}")
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per mode")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
     parser.add_argument("--inputs-per-request", type=int, default=1)
