@@ -6,6 +6,7 @@ CONSOLE_MODE=production demands a secret key, allowed hosts and a real database,
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -14,6 +15,8 @@ from django.core.exceptions import ImproperlyConfigured
 from console.env import check_url_scheme, env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# templates/ and static/ sit beside the code in a checkout; a non-editable install puts them under share/.
+SHARE_DIR = BASE_DIR if (BASE_DIR / "templates").is_dir() else Path(sys.prefix) / "share" / "gpu-console"
 VAR_DIR = Path(env_str("CONSOLE_VAR_DIR", str(BASE_DIR / "var")))
 
 CONSOLE_MODE = env_str("CONSOLE_MODE", "dev")
@@ -79,7 +82,7 @@ WSGI_APPLICATION = None
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [SHARE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -254,7 +257,7 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [SHARE_DIR / "static"]
 WHITENOISE_USE_FINDERS = not PRODUCTION
 if not PRODUCTION:
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)
