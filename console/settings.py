@@ -179,7 +179,9 @@ if REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py caps an async pool at 100 connections by default: raise it for many websockets.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000}]},
+            # socket_timeout above channels-redis' 5 s blocking receive: redis-py 8 otherwise times the read
+            # out first and the consumer dies (measured by benchmarks/telemetry.py).
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000, "socket_timeout": 30}]},
         }
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}

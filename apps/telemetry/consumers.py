@@ -46,17 +46,23 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if not await self.recheck_access():
             hub.discard(self)
 
-    def offer_sample(self, message: dict[str, Any]) -> None:
+    def offer_sample(self, message: dict[str, Any] | str) -> None:
         self.outgoing.offer_sample(message)
 
     def offer_event(self, message: dict[str, Any]) -> None:
         self.outgoing.offer_event(message)
 
+    @property
+    def alive(self) -> bool:
+        sender = getattr(self, "sender", None)
+        return sender is not None and not sender.done()
+
     async def _send_forever(self) -> None:
         while True:
             await self.outgoing.ready.wait()
             for message in self.outgoing.take():
-                await self.send(text_data=json.dumps(message, default=str))
+                text = message if isinstance(message, str) else json.dumps(message, default=str)
+                await self.send(text_data=text)
 
     async def recheck_access(self, initial: bool = False) -> bool:
         allowed, is_admin, teams = await self._access()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -33,7 +34,9 @@ class Subscriber(Protocol):
     visible_teams: set[str]
     job_id: int | None  # None: the cluster stream
 
-    def offer_sample(self, message: dict[str, Any]) -> None: ...
+    alive: bool
+
+    def offer_sample(self, message: dict[str, Any] | str) -> None: ...
     def offer_event(self, message: dict[str, Any]) -> None: ...
     async def recheck_access(self) -> bool: ...
 
@@ -97,10 +100,17 @@ class Hub:
         frames = await cache.aget_many([frame_key(name) for name in self.host_names])
         samples = [gpu for frame in frames.values() for gpu in frame["gpus"]]
         now = time.time()
+        for subscriber in [s for s in self.subscribers if not s.alive]:
+            self.discard(subscriber)  # its sender ended (the socket broke without a disconnect)
         cluster = [s for s in self.subscribers if s.job_id is None]
+        # Sockets that may see the same things get the same frame: built and encoded once per group.
+        encoded: dict[tuple[bool, frozenset[str]], str] = {}
         for subscriber in cluster:
-            subscriber.offer_sample({"type": "gpu.sample", "ts": now,
-                                     "gpus": [_visible_sample(g, subscriber) for g in samples]})
+            key = (subscriber.is_admin, frozenset(subscriber.visible_teams))
+            if key not in encoded:
+                encoded[key] = json.dumps({"type": "gpu.sample", "ts": now,
+                                           "gpus": [_visible_sample(g, subscriber) for g in samples]}, default=str)
+            subscriber.offer_sample(encoded[key])
         watched = {s.job_id for s in self.subscribers if s.job_id is not None}
         for subscriber in self.subscribers:
             if subscriber.job_id is not None:
@@ -221,12 +231,12 @@ class Outgoing:
     """What one socket still has to send: the newest telemetry frame, and a bounded queue of events."""
 
     def __init__(self) -> None:
-        self.sample: dict[str, Any] | None = None
+        self.sample: dict[str, Any] | str | None = None
         self.events: deque[dict[str, Any]] = deque()
         self.overflowed = False
         self.ready = asyncio.Event()
 
-    def offer_sample(self, message: dict[str, Any]) -> None:
+    def offer_sample(self, message: dict[str, Any] | str) -> None:
         self.sample = message  # replaces an unsent older frame: latest values, never a backlog
         self.ready.set()
 
@@ -237,8 +247,8 @@ class Outgoing:
         self.events.append(message)
         self.ready.set()
 
-    def take(self) -> list[dict[str, Any]]:
-        batch: list[dict[str, Any]] = []
+    def take(self) -> list[dict[str, Any] | str]:
+        batch: list[dict[str, Any] | str] = []
         if self.overflowed:
             batch.append({"type": "resync", "reason": "too slow: events were dropped; reload from the API"})
             self.overflowed = False

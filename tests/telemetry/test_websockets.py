@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.test import Client
@@ -18,6 +19,9 @@ from console.asgi import application
 from tests.telemetry.conftest import gpu_sample
 from tests.telemetry.test_ingest_and_alerts import run_job_on_sim, send
 
+# Committed data: consumers reach the database through database_sync_to_async, which closes connections between
+# calls (on PostgreSQL that would end a test wrapped in one transaction).
+pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = b"http://localhost"
 
 
