@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.interference import profile, slowdowns
@@ -26,11 +27,10 @@ PASSES_PER_INSTANT = 3
 EPSILON_S = 1e-6
 
 
-class Policy:
+class Policy(Protocol):
     """What the simulator calls: the core's `schedule` with a config, or a baseline with `decide`."""
 
-    def decide(self, snapshot: Snapshot) -> Decisions:  # pragma: no cover - interface
-        raise NotImplementedError
+    def decide(self, snapshot: Snapshot) -> Decisions: ...
 
 
 @dataclass
