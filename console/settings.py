@@ -102,6 +102,14 @@ if DATABASE_URL:
         DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
     except ValueError as exc:
         raise ImproperlyConfigured(f"Environment variable DATABASE_URL is not a valid database URL: {exc}") from None
+    if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool("CONSOLE_DB_POOL", True):
+        # Under ASGI every request runs in a fresh thread context, so persistent connections are never reused:
+        # without a pool each request opens a connection (and a burst exhausts PostgreSQL's max_connections).
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1, "max_size": env_int("CONSOLE_DB_POOL_SIZE", 8, minimum=1), "timeout": 10,
+        }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -156,6 +164,8 @@ TELEMETRY_KEEP_10S_HOURS = env_int("CONSOLE_TELEMETRY_KEEP_10S_HOURS", 24, minim
 TELEMETRY_KEEP_1M_DAYS = env_int("CONSOLE_TELEMETRY_KEEP_1M_DAYS", 31, minimum=1)
 # Optional cost per GPU-hour by GPU type for the usage report, e.g. "H200=4.5,A100=2.1".
 CONSOLE_GPU_HOUR_COST = env_str("CONSOLE_GPU_HOUR_COST", "") or ""
+# A bare row-locked insert endpoint for benchmarks/submit_load.py (never in production).
+BENCHMARK_ENDPOINTS = env_bool("CONSOLE_BENCHMARK_ENDPOINTS", False) and not PRODUCTION
 # Bearer token Prometheus presents at /metrics (admins' sessions and API tokens work too).
 METRICS_TOKEN = env_str("CONSOLE_METRICS_TOKEN", None)
 # The scheduling policy (apps.scheduling.config.PolicyConfig): "console" (priorities with preemption, quota

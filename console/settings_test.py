@@ -7,6 +7,8 @@ import os
 import tempfile
 
 os.environ.setdefault("CELERY_BROKER_URL", "memory://")
+# The concurrency tests run 20 threads that each hold a connection for the whole test.
+os.environ.setdefault("CONSOLE_DB_POOL_SIZE", "40")
 # Tests never read or write the dev server's artifacts.
 os.environ.setdefault("CONSOLE_ARTIFACTS", tempfile.mkdtemp(prefix="console-test-artifacts-"))
 

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -44,6 +45,11 @@ api_v1 = [
     path("agent/jobs/<int:job_id>/progress/", jobs_agent_api.JobProgressView.as_view(), name="agent-job-progress"),
     path("", include(router.urls)),
 ]
+
+if settings.BENCHMARK_ENDPOINTS:
+    from apps.jobs.bench import BareInsertView
+
+    api_v1.insert(0, path("bench/bare-insert/", BareInsertView.as_view(), name="bench-bare-insert"))
 
 urlpatterns = [
     path("admin/", admin.site.urls),

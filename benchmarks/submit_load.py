@@ -1,0 +1,163 @@
+"""Job submissions under load, through the real REST API, beside a bare row-locked insert endpoint.
+
+    python benchmarks/submit_load.py [--duration 20] [--connections 32] [--workers 3] [--json]
+
+Starts a console on loopback against a fresh PostgreSQL database (and Redis as the Celery broker, with a Celery
+worker running scheduler passes meanwhile), registers a host with 16 GPUs, and drives both endpoints with wrk
+(Debian's `wrk`): `POST /api/v1/bench/bare-insert/` (token auth + one row-locked insert: the ceiling) and
+`POST /api/v1/jobs/` (token auth, validation, quota check under the team's row lock, event, after-commit pass
+request). Prints requests/s and latency percentiles of both, the ratio, and checks the quota invariants and queue
+order at the end. Not a test: it prints figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.live import _fresh_postgres, _fresh_redis, free_port  # noqa: E402
+
+PASSWORD = "bench-admin-pass-1234"
+SETUP = """
+from apps.accounts.models import Role, Team
+from apps.accounts.services import ensure_demo_admin, membership_set, token_create
+from apps.quotas.services import quota_ensure
+user, _ = ensure_demo_admin("bencher", "{password}")
+team, _ = Team.objects.get_or_create(slug="load", defaults={{"name": "load"}})
+quota = quota_ensure(team); quota.max_gpus = 8; quota.may_borrow = False; quota.save()
+membership_set(team=team, user=user, role=Role.MANAGER, actor=user)
+print("TOKEN", token_create(user=user, name="bench")[1])
+"""
+LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {token}"
+wrk.body = '{body}'
+"""
+
+
+def parse_wrk(text: str) -> dict[str, float]:
+    def ms(value: str) -> float:
+        number, unit = re.match(r"([\d.]+)(\w+)", value).groups()
+        return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+    found = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))}
+    for percentile in ("50", "75", "90", "99"):
+        match = re.search(rf"\s{percentile}%\s+([\d.]+\w+)", text)
+        if match:
+            found[f"p{percentile}_ms"] = ms(match.group(1))
+    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    found["non_2xx"] = int(errors.group(1)) if errors else 0
+    found["requests"] = int(re.search(r"(\d+) requests in", text).group(1))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=int, default=20)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=3, help="uvicorn worker processes")
+    parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("needs wrk: apt-get install wrk")
+
+    base = Path(tempfile.mkdtemp(prefix="submit-load-"))
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "CONSOLE_VAR_DIR": str(base / "var"),
+           "DATABASE_URL": _fresh_postgres(args.database, "console_submit_load"),
+           "CELERY_BROKER_URL": _fresh_redis(args.redis, 14), "REDIS_URL": _fresh_redis(args.redis, 15),
+           "CONSOLE_BENCHMARK_ENDPOINTS": "1", "CONSOLE_SUBMIT_PER_MINUTE": "1000000",
+           "CONSOLE_LOG_LEVEL": "WARNING"}
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    setup = subprocess.run([*manage, "shell", "-c", SETUP.format(password=PASSWORD)], cwd=ROOT, env=env,
+                           check=True, capture_output=True, text=True).stdout
+    token = re.search(r"TOKEN (\S+)", setup).group(1)
+    host_token = subprocess.run([*manage, "issue_host_token", "bench-host"], cwd=ROOT, env=env, check=True,
+                                capture_output=True, text=True).stdout.strip()
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "uvicorn", "console.asgi:application", "--port", str(port),
+                          "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
+                         cwd=ROOT, env=env, start_new_session=True),
+        subprocess.Popen([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "console",
+                          "--concurrency", "1", "--loglevel", "WARNING", "-s", str(base / "beat")],
+                         cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                if httpx.get(f"{url}/accounts/login/", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        registration = {"host": "bench-host", "agent_version": "bench", "protocol": 1, "simulated": True,
+                        "gpus": [{"index": i, "uuid": f"GPU-bench-{i}", "name": "Simulated NVIDIA H200",
+                                  "gpu_type": "H200", "memory_mb": 143771} for i in range(16)]}
+        httpx.post(f"{url}/api/v1/agent/register/", json=registration,
+                   headers={"Authorization": f"Host {host_token}"}, timeout=10).raise_for_status()
+        results = {}
+        job = json.dumps({"name": "load", "team": "load", "gpus": 1, "workload": {"builtin": "mlp-digits"}})
+        for name, path, body in [("bare row-locked insert", "/api/v1/bench/bare-insert/", "{}"),
+                                 ("submit (POST /api/v1/jobs/)", "/api/v1/jobs/", job)]:
+            script = base / "post.lua"
+            script.write_text(LUA.format(token=token, body=body))
+            out = subprocess.run(["wrk", "-t2", f"-c{args.connections}", f"-d{args.duration}s", "--latency",
+                                  "-s", str(script), f"{url}{path}"], capture_output=True, text=True, check=True)
+            results[name] = parse_wrk(out.stdout)
+        time.sleep(3)  # let the last passes run
+        check = subprocess.run([*manage, "shell", "-c", (
+            "from django.db.models import Count, Sum, F, Q\n"
+            "from apps.jobs.models import Job, JobAllocation\n"
+            "held = Job.objects.filter(team__slug='load', state__in=['placed','running'])"
+            ".aggregate(u=Sum(F('gpus')*F('gpu_share_units')))['u'] or 0\n"
+            "doubled = JobAllocation.objects.filter(released_at__isnull=True, share_units=100).values('gpu')"
+            ".annotate(n=Count('id')).filter(n__gt=1).count()\n"
+            "ids = list(Job.objects.order_by('created_at', 'id').values_list('id', flat=True))\n"
+            "print('CHECK', Job.objects.count(), held / 100, doubled, ids == sorted(ids))")],
+            cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
+        jobs, held, doubled, ordered = re.search(r"CHECK (\d+) ([\d.]+) (\d+) (\w+)", check).groups()
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, 15)
+        for process in processes:
+            process.wait(timeout=30)
+        shutil.rmtree(base, ignore_errors=True)
+
+    bare, real = results["bare row-locked insert"], results["submit (POST /api/v1/jobs/)"]
+    summary = {"results": results, "ratio": real["rps"] / bare["rps"], "jobs": int(jobs), "gpus_held": float(held),
+               "double_booked_gpus": int(doubled), "queue_order_consistent": ordered == "True",
+               "connections": args.connections, "workers": args.workers, "duration_s": args.duration}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    print(f"{'endpoint':30} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'non-2xx':>8}")
+    for name, row in results.items():
+        print(f"{name:30} {row['rps']:8.1f} {row.get('p50_ms', 0):8.1f} {row.get('p90_ms', 0):8.1f} "
+              f"{row.get('p99_ms', 0):8.1f} {row['non_2xx']:8d}")
+    print(f"submit / bare throughput: {summary['ratio']:.2f}x (target ≥ 0.8x, p99 < 250 ms)")
+    print(f"after the run: {jobs} jobs, team holds {held} of 8 GPUs, {doubled} GPUs double-booked, "
+          f"queue order consistent: {ordered}")
+
+
+if __name__ == "__main__":
+    main()
