@@ -145,28 +145,12 @@ class Simulator:
 
     def _running_view(self, state: JobState, gpu_ids: tuple[int, ...], borrowing: bool) -> RunningJob:
         view = self._pending_view(state)
+        step = state.trace.step_s if self.console_view else None
+        reported_at = state.run_start + state.run_overhead_s
         if state.share < 1.0:
             # What the console would see of a shared job: its slowed step time, steps as of the last change.
             step = state.trace.step_s / state.rate if state.trace.step_s and self.console_view else None
-            return RunningJob(
-                job_id=view.job_id,
-                team=view.team,
-                user=view.user,
-                gpus=view.gpus,
-                priority=view.priority,
-                gpu_ids=gpu_ids,
-                started_at=state.run_start,
-                submitted_at=view.submitted_at,
-                attained_gpu_seconds=state.attained_gpu_s,
-                declared_steps=view.declared_steps,
-                steps_done=view.steps_done,
-                observed_step_s=step,
-                preemption_count=state.preemptions,
-                borrowing=borrowing,
-                similarity_key=view.similarity_key,
-                steps_reported_at=max(state.settled_at, state.run_start + state.run_overhead_s),
-                gpu_share=state.share,
-            )
+            reported_at = max(state.settled_at, reported_at)
         return RunningJob(
             job_id=view.job_id,
             team=view.team,
@@ -179,11 +163,12 @@ class Simulator:
             attained_gpu_seconds=state.attained_gpu_s,
             declared_steps=view.declared_steps,
             steps_done=view.steps_done,
-            observed_step_s=state.trace.step_s if self.console_view else None,
+            observed_step_s=step,
             preemption_count=state.preemptions,
             borrowing=borrowing,
             similarity_key=view.similarity_key,
-            steps_reported_at=state.run_start + state.run_overhead_s,
+            steps_reported_at=reported_at,
+            gpu_share=min(state.share, 1.0),
         )
 
     def _quotas(self) -> dict[str, TeamQuotaView]:
