@@ -376,13 +376,21 @@ def team_member_add(request: HttpRequest, slug: str) -> HttpResponse:
     return redirect("dashboard:team-detail", slug=slug)
 
 
+def _managed_membership(request: HttpRequest, slug: str, username: str):
+    """The team a manager acts on, one of its memberships (404 if unseen), or the refusal to answer."""
+    team, refused = _managed_team(request, slug)
+    if refused:
+        return team, None, refused
+    membership = get_object_or_404(memberships_visible_to(request.user, team), user__username=username)
+    return team, membership, None
+
+
 @login_required
 @require_POST
 def team_member_role(request: HttpRequest, slug: str, username: str) -> HttpResponse:
-    team, refused = _managed_team(request, slug)
+    team, membership, refused = _managed_membership(request, slug, username)
     if refused:
         return refused
-    membership = get_object_or_404(memberships_visible_to(request.user, team), user__username=username)
     form = RoleForm(request.POST)
     if form.is_valid():
         account_services.membership_set(team=team, user=membership.user, role=Role(form.cleaned_data["role"]),
@@ -396,10 +404,9 @@ def team_member_role(request: HttpRequest, slug: str, username: str) -> HttpResp
 @login_required
 @require_POST
 def team_member_remove(request: HttpRequest, slug: str, username: str) -> HttpResponse:
-    team, refused = _managed_team(request, slug)
+    _, membership, refused = _managed_membership(request, slug, username)
     if refused:
         return refused
-    membership = get_object_or_404(memberships_visible_to(request.user, team), user__username=username)
     account_services.membership_remove(membership=membership, actor=request.user, request=request)
     messages.success(request, f"{username} removed from {slug}.")
     return redirect("dashboard:team-detail", slug=slug)
