@@ -141,6 +141,8 @@ check_url_scheme("CELERY_BROKER_URL", CELERY_BROKER_URL, ("filesystem", "redis",
 BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem"):
     BROKER_DIR.mkdir(parents=True, exist_ok=True)
+    # kombu's filesystem channel with atomic writes and claims (see workers/broker.py).
+    CELERY_BROKER_TRANSPORT = "workers.broker:FilesystemTransport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR),
         "data_folder_out": str(BROKER_DIR),

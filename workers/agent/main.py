@@ -22,6 +22,7 @@ from workers.agent.client import AgentConfigError, ConsoleClient
 from workers.agent.runner import JobProcess, JobRunner, kill_leftover_jobs
 from workers.agent.sharing import over_share
 from workers.agent.telemetry import TelemetryLoop
+from workers.broker import TRANSPORT as FILESYSTEM_TRANSPORT
 from workers.protocol import (
     HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
@@ -159,6 +160,7 @@ def celery_app(args: argparse.Namespace, runner: JobRunner) -> Celery:
     app = Celery("gpu-agent", broker=args.broker, set_as_current=True)
     options = {}
     if args.broker.startswith("filesystem"):
+        app.conf.broker_transport = FILESYSTEM_TRANSPORT
         folder = str(Path(args.broker_dir).resolve())
         options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False,
                    "control_folder": str(Path(folder).parent / "broker-control")}

@@ -63,5 +63,12 @@ def any_rank(flag: bool) -> bool:
 def shutdown() -> None:
     global _control_group
     if dist.is_available() and dist.is_initialized():
+        # Leave together: under gloo a rank that tears its connections down while a peer is still in its
+        # last collective makes that peer abort (SIGABRT, seen in CI). A peer that already died makes the
+        # barrier fail, and then there is nothing left to wait for.
+        try:
+            dist.barrier(group=_control_group)
+        except RuntimeError as exc:
+            log.warning("leaving the process group without its peers: %s", exc)
         dist.destroy_process_group()
     _control_group = None
