@@ -125,7 +125,8 @@ def exit_like(status: int) -> None:
     """Leave with the main process's status: its exit code, or death by the same signal."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be caught, nor their handler set
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         time.sleep(1)
         sys.exit(128 + sig)
