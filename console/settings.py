@@ -161,6 +161,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SCHEDULER_PASS_INTERVAL_S = env_int("CONSOLE_SCHEDULER_INTERVAL_S", 5, minimum=1)
 REAPER_INTERVAL_S = env_int("CONSOLE_REAPER_INTERVAL_S", 10, minimum=1)
+# A job placed this long ago whose process never started has lost its dispatch message (say, the broker
+# restarted without persistence): it is sent again. The agent ignores a copy of a job it already runs.
+JOBS_REDISPATCH_AFTER_S = env_int("CONSOLE_REDISPATCH_AFTER_S", 60, minimum=5)
 SERVING_RECONCILE_S = env_int("CONSOLE_SERVING_RECONCILE_S", 3, minimum=1)
 TELEMETRY_KEEP_10S_HOURS = env_int("CONSOLE_TELEMETRY_KEEP_10S_HOURS", 24, minimum=1)
 TELEMETRY_KEEP_1M_DAYS = env_int("CONSOLE_TELEMETRY_KEEP_1M_DAYS", 31, minimum=1)
@@ -248,6 +251,14 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Every operation's error answers (400/401/403/404/503) besides the success one drf-spectacular documents.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.core.schema.add_error_responses",
+    ],
+    # What Django's path converters accept (any other value is no URL of the API).
+    "PATH_CONVERTER_OVERRIDES": {"slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
+                                 "int": {"type": "integer", "minimum": 0}},
     "ENUM_NAME_OVERRIDES": {
         "PriorityEnum": "apps.quotas.models.Priority",
         "JobKindEnum": "apps.jobs.models.Job.Kind",

@@ -14,9 +14,11 @@ def scheduler_pass() -> dict[str, float]:
 @shared_task(name="jobs.reap", ignore_result=True)
 def reap() -> dict[str, int]:
     """Hosts without heartbeats: mark down, fail or requeue their jobs. Placed jobs never started: re-send."""
+    from django.conf import settings
+
     from apps.jobs import services
 
     lost = services.jobs_on_lost_hosts()
-    resent = services.jobs_redispatch_stale()
+    resent = services.jobs_redispatch_stale(settings.JOBS_REDISPATCH_AFTER_S)
     repaired = services.ledger_reconcile()
     return {"lost": len(lost), "resent": len(resent), **repaired}

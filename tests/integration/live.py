@@ -57,6 +57,7 @@ class LiveCluster:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -101,6 +102,7 @@ class LiveCluster:
         return result.stdout
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        self.argv[name] = argv
         log = (self.base / f"{name}.log").open("ab")
         process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
@@ -199,6 +201,16 @@ class LiveCluster:
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         self.processes[name].send_signal(sig)
         self.processes[name].wait(timeout=30)
+
+    def kill_group(self, name: str) -> None:
+        """kill -9 of a process and its children, as the kernel's OOM killer and then systemd would leave it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.processes[name].pid, signal.SIGKILL)
+        self.processes[name].wait(timeout=30)
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start a stopped process again with the command line it had."""
+        return self._spawn(name, self.argv[name])
 
     def logs_tail(self, lines: int = 40) -> str:
         parts = []
