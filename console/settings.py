@@ -106,9 +106,17 @@ if DATABASE_URL:
         # Under ASGI every request runs in a fresh thread context, so persistent connections are never reused:
         # without a pool each request opens a connection (and a burst exhausts PostgreSQL's max_connections).
         DATABASES["default"]["CONN_MAX_AGE"] = 0
-        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+        # With a pool this checks each connection as it is taken out (one empty round trip): after a PostgreSQL
+        # restart the pool's dead connections are dropped instead of failing a request each.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1, "max_size": env_int("CONSOLE_DB_POOL_SIZE", 8, minimum=1), "timeout": 10,
+            "min_size": 1, "max_size": env_int("CONSOLE_DB_POOL_SIZE", 8, minimum=1),
+            # How long a request waits for a connection: while PostgreSQL is down it answers 503 after this,
+            # sooner than an agent's 10 s HTTP timeout.
+            "timeout": 4,
+            # Give up a reconnection attempt after 10 s (the next request starts a fresh one) instead of backing
+            # off for up to 5 minutes: the console is back within seconds of PostgreSQL.
+            "reconnect_timeout": 10,
         }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -199,7 +207,12 @@ if REDIS_URL:
             "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000, "socket_timeout": 30}]},
         }
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # django-redis so that a Redis outage degrades instead of failing requests: everything the console caches
+    # (latest telemetry frames, websocket tickets, alert timers, scheduler-pass debouncing) can be lost; the
+    # database holds the truth. Ignored errors are logged (DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS).
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
+                          "OPTIONS": {"IGNORE_EXCEPTIONS": True, "SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5}}}
+    DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     # A cache the ASGI server and the Celery worker share (latest telemetry, service replicas) without a server.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,15 @@ from apps.jobs.selectors import can_cancel
 from apps.quotas.models import PRIORITY_RANK, Priority, UserQuota
 from apps.quotas.selectors import budget_exhausted, gpus_held, units_held
 from apps.quotas.services import quota_lock
-from workers.protocol import RUN_JOB_TASK, STOP_JOB_TASK, Dispatch, JobStatus, Rendezvous, host_queue
+from workers.protocol import (
+    HEARTBEAT_TIMEOUT_S,
+    RUN_JOB_TASK,
+    STOP_JOB_TASK,
+    Dispatch,
+    JobStatus,
+    Rendezvous,
+    host_queue,
+)
 from workers.runtime.catalog import PRESETS, WORKLOADS, validate_params
 
 logger = logging.getLogger(__name__)
@@ -665,6 +674,33 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
                 fields[target] = float(value)
         if fields:
             Job.objects.filter(pk=job.pk).update(**fields)
+
+
+REAPER_LAST_RUN_KEY = "jobs:reaper-last-run"
+REAPER_GRACE_UNTIL_KEY = "jobs:reaper-grace-until"
+
+
+def reaper_outage_grace(interval_s: float) -> bool:
+    """True while hosts must not be declared lost because the console itself was not listening.
+
+    When the reaper has not completed for several intervals (the database or the worker was down), the agents'
+    heartbeats had nowhere to go: every host looks silent. Each gets one full heartbeat timeout to report again
+    before it counts as lost. An empty cache (first start, Redis restarted) counts as such a gap.
+    """
+    now = time.time()
+    last_run = cache.get(REAPER_LAST_RUN_KEY)
+    if last_run is None or now - last_run > max(3 * interval_s, 15.0):
+        cache.set(REAPER_GRACE_UNTIL_KEY, now + HEARTBEAT_TIMEOUT_S, timeout=int(HEARTBEAT_TIMEOUT_S) + 60)
+        logger.warning("the reaper has not run since %s: hosts get %.0f s to send a heartbeat before they count "
+                       "as lost", "the start" if last_run is None else f"{now - last_run:.0f} s ago",
+                       HEARTBEAT_TIMEOUT_S)
+        return True
+    grace_until = cache.get(REAPER_GRACE_UNTIL_KEY)
+    return grace_until is not None and now < grace_until
+
+
+def reaper_completed() -> None:
+    cache.set(REAPER_LAST_RUN_KEY, time.time(), timeout=None)
 
 
 def jobs_on_lost_hosts() -> list[tuple[int, str]]:

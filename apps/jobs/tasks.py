@@ -18,7 +18,9 @@ def reap() -> dict[str, int]:
 
     from apps.jobs import services
 
-    lost = services.jobs_on_lost_hosts()
+    grace = services.reaper_outage_grace(settings.REAPER_INTERVAL_S)
+    lost = [] if grace else services.jobs_on_lost_hosts()
     resent = services.jobs_redispatch_stale(settings.JOBS_REDISPATCH_AFTER_S)
     repaired = services.ledger_reconcile()
-    return {"lost": len(lost), "resent": len(resent), **repaired}
+    services.reaper_completed()
+    return {"lost": len(lost), "resent": len(resent), "grace": int(grace), **repaired}

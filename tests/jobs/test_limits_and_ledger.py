@@ -71,3 +71,29 @@ def test_pages_answer_503_when_the_database_is_down(world, monkeypatch):
     browser.force_login(world.member)
     response = browser.get("/")
     assert response.status_code == 503 and response["Retry-After"] == "5"
+
+
+def test_hosts_are_not_declared_lost_right_after_the_console_itself_was_down(world, monkeypatch):
+    from django.core.cache import cache
+
+    from apps.jobs import services
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr(services.time, "time", lambda: clock[0])
+    cache.delete_many([services.REAPER_LAST_RUN_KEY, services.REAPER_GRACE_UNTIL_KEY])
+    assert services.reaper_outage_grace(10) is True  # never ran: no heartbeat could be trusted missing yet
+    seen = []
+    for _ in range(5):  # every 10 s, as beat runs it
+        services.reaper_completed()
+        clock[0] += 10
+        seen.append(services.reaper_outage_grace(10))
+    assert seen == [True, True, False, False, False]  # one heartbeat timeout (30 s) of grace, then normal
+    services.reaper_completed()
+    clock[0] += 60  # the database was down: no reaper completed for a minute
+    assert services.reaper_outage_grace(10) is True
+    services.reaper_completed()
+    clock[0] += 20
+    assert services.reaper_outage_grace(10) is True  # still inside one heartbeat timeout after the gap
+    services.reaper_completed()
+    clock[0] += 10
+    assert services.reaper_outage_grace(10) is False

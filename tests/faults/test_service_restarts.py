@@ -1,0 +1,169 @@
+"""Redis and PostgreSQL restarted under a running console, with jobs queued, placed and running.
+
+Redis keeps nothing on disk here (as on this machine kind's own server), so its restart loses every message in
+the broker and every cached telemetry frame: the console's database is the truth, and the jobs must come out
+exactly once. PostgreSQL is shut down fast (every connection cut), kept down a while, and started again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.faults.conftest import record_fault
+from tests.faults.support import (
+    FINAL,
+    assert_ledger_holds,
+    counted_job,
+    runs_of,
+    start_cluster,
+    wait_all_final,
+)
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, private_postgres, private_redis):
+    live = start_cluster(tmp_path_factory.mktemp("restarts"), private_postgres, private_redis,
+                         agents={"fr-a": "2xH200", "fr-b": "2xH200"})
+    live.postgres, live.redis = private_postgres, private_redis
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+class LiveView:
+    """What the browser's cluster page does: keep a socket open, reconnect with a new ticket when it drops."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+        self.samples: list[float] = []  # arrival times of telemetry frames
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                with connect(self.cluster.ws_url("/ws/cluster/", self.cluster.admin()), open_timeout=5) as socket:
+                    while not self.stopped.is_set():
+                        message = json.loads(socket.recv(timeout=15))
+                        if message["type"] == "gpu.sample":
+                            self.samples.append(time.monotonic())
+            except Exception:  # noqa: BLE001 - any failure: wait and reconnect, as console.js does
+                time.sleep(1)
+
+    def first_sample_after(self, moment: float) -> float | None:
+        return next((t for t in self.samples if t > moment), None)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=20)
+
+
+def test_redis_restart_loses_no_job_and_runs_none_twice(cluster):
+    view = LiveView(cluster)
+    cluster.wait_for(lambda: view.samples, timeout=30, what="live telemetry before the fault")
+    # 4 GPUs: four jobs run, four wait in the queue.
+    running = [counted_job(cluster, 25, name=f"long-{n}") for n in range(4)]
+    for job in running:
+        cluster.wait_state(job["id"], {"running"})
+    queued = [counted_job(cluster, 3, name=f"short-{n}") for n in range(4)]
+    time.sleep(2)
+
+    cluster.redis.kill()
+    down_at = time.monotonic()
+    # Submissions while Redis is down are still accepted: the database is the queue.
+    during = []
+    for n in range(2):
+        response = cluster.admin().post("/api/v1/jobs/", json={"team": "it", "name": f"during-{n}", "gpus": 1,
+                                                                "workload": queued[0]["workload"]})
+        assert response.status_code == 201, response.text
+        during.append(response.json())
+    time.sleep(max(0.0, 5 - (time.monotonic() - down_at)))
+    cluster.redis.start()
+    up_at = time.monotonic()
+
+    resumed = cluster.wait_for(lambda: view.first_sample_after(up_at), timeout=30,
+                               what="telemetry to reach the browser again")
+    telemetry_gap = resumed - up_at
+    ids = [job["id"] for job in running + queued + during]
+    jobs = wait_all_final(cluster, ids, timeout=180)
+    finished = time.monotonic() - up_at
+    view.stop()
+
+    assert all(job["state"] in FINAL for job in jobs.values())
+    assert {job["state"] for job in jobs.values()} == {"succeeded"}, {i: (j["state"], j["failure_reason"])
+                                                                       for i, j in jobs.items()}
+    completions = {job_id: runs_of(cluster, job_id)[1] for job_id in ids}
+    assert set(completions.values()) == {1}, f"a job ran to completion twice or never: {completions}"
+    assert_ledger_holds(cluster)
+    assert telemetry_gap < 10, f"telemetry came back {telemetry_gap:.1f} s after Redis"
+    record_fault("Redis killed for 5 s (no persistence: broker and cache emptied)",
+                 f"10/10 jobs succeeded once each; telemetry back {telemetry_gap:.1f} s after Redis",
+                 finished, 0)
+
+
+def browser_session(cluster) -> httpx.Client:
+    """A logged-in browser: a session cookie, so every page reads the database."""
+    from tests.integration.live import ADMIN_PASSWORD
+
+    browser = httpx.Client(base_url=cluster.url, timeout=15)
+    browser.get("/accounts/login/")
+    response = browser.post("/accounts/login/", data={
+        "username": "admin", "password": ADMIN_PASSWORD, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+        headers={"Referer": f"{cluster.url}/accounts/login/"})
+    assert response.status_code == 302, response.text[:500]
+    assert browser.get("/").status_code == 200
+    return browser
+
+
+def test_postgres_restart_answers_503_recovers_and_loses_nothing_acknowledged(cluster):
+    admin = cluster.admin()
+    browser = browser_session(cluster)
+    accepted = [counted_job(cluster, 12, name=f"before-{n}") for n in range(3)]
+    for job in accepted:
+        cluster.wait_state(job["id"], {"running"})
+
+    cluster.postgres.stop()
+    down_at = time.monotonic()
+    answers = []
+    # Longer than a heartbeat timeout (30 s), and the running jobs end while it is down.
+    while time.monotonic() - down_at < 35:
+        for client, method, path, body in [
+                (admin, "GET", "/api/v1/jobs/", None), (browser, "GET", "/", None),
+                (admin, "POST", "/api/v1/jobs/", {"team": "it", "gpus": 1, "workload": accepted[0]["workload"]})]:
+            try:
+                response = client.request(method, path, json=body)
+                answers.append((path, response.status_code, response.headers.get("content-type", "")))
+            except httpx.HTTPError as exc:
+                answers.append((path, type(exc).__name__, ""))
+        time.sleep(1)
+    assert answers and all(status == 503 for _, status, _ in answers), answers
+    assert all("text/html" in kind if path == "/" else "json" in kind for path, _, kind in answers)
+
+    cluster.postgres.start()
+    up_at = time.monotonic()
+    cluster.wait_for(lambda: admin.get("/api/v1/jobs/").status_code == 200, timeout=30,
+                     what="the API to answer again")
+    recovered = time.monotonic() - up_at
+    after = counted_job(cluster, 1, name="after")
+    jobs = wait_all_final(cluster, [job["id"] for job in accepted] + [after["id"]], timeout=120)
+    assert {job["state"] for job in jobs.values()} == {"succeeded"}, {i: (j["state"], j["failure_reason"])
+                                                                       for i, j in jobs.items()}
+    # The jobs that ended while the database was down have their end recorded, once.
+    assert all(runs_of(cluster, job["id"]) == (1, 1) for job in accepted)
+    # Their heartbeats had nowhere to go: no host was declared lost for it.
+    hosts = {h["name"]: h["state"] for h in admin.get("/api/v1/hosts/").json()["results"]}
+    assert set(hosts.values()) == {"up"}, hosts
+    assert_ledger_holds(cluster)
+    record_fault("PostgreSQL shut down (fast) for 35 s, then started",
+                 f"{len(answers)} requests while down: all 503; jobs that ended meanwhile recorded after",
+                 recovered, 0)
