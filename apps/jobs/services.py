@@ -209,6 +209,9 @@ def _check_rate(user: AbstractBaseUser) -> None:
     from django.conf import settings
 
     limit = settings.JOBS_SUBMIT_PER_MINUTE
+    # The team's quota lock serialises one team's submissions; this one a user's across teams, so concurrent
+    # submissions cannot all read the same count and pass together.
+    list(type(user).objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
     recent = Job.objects.filter(user=user, created_at__gte=timezone.now() - timedelta(minutes=1)).count()
     if recent >= limit:
         raise JobRateLimited(f"You submitted {recent} jobs in the last minute; the limit is {limit} per minute.")

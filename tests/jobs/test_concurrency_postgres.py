@@ -22,6 +22,7 @@ from apps.jobs.scheduler import build_snapshot, scheduler_pass
 from apps.quotas.models import TeamQuota
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
+from tests.conftest import train_spec
 from tests.factories import HostFactory, MembershipFactory, TeamFactory, UserFactory, add_gpus
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -146,3 +147,28 @@ def test_concurrent_submissions_and_passes_never_overbook(cluster, round_no):
     held_now = sum(Job.objects.filter(team=team, state__in=["placed", "running"]).values_list("gpus", flat=True))
     assert held_now <= 8
     assert Job.objects.count() == 50
+
+
+def test_the_submission_rate_limit_holds_under_concurrency_across_teams(transactional_db, settings):
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL: set DATABASE_URL=postgres://…")
+    settings.JOBS_SUBMIT_PER_MINUTE = 6
+    user = UserFactory(username="burst")
+    teams = [TeamFactory(slug=slug) for slug in ("vision", "speech")]
+    for team in teams:
+        TeamQuota.objects.filter(team=team).update(max_gpus=8)
+        MembershipFactory(team=team, user=user)
+    add_gpus(HostFactory(name="node-a"), 8)
+    barrier = threading.Barrier(16)
+
+    @in_thread
+    def submit(number: int) -> int:
+        client = APIClient()
+        client.force_authenticate(user)
+        barrier.wait()
+        return client.post("/api/v1/jobs/", train_spec(team=teams[number % 2].slug), format="json").status_code
+
+    with ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(submit, range(16)))
+    assert sorted(codes) == [201] * 6 + [429] * 10, codes
+    assert Job.objects.filter(user=user).count() == 6
