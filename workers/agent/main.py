@@ -19,7 +19,7 @@ from celery import Celery
 from celery.signals import worker_shutdown
 
 from workers.agent.client import AgentConfigError, ConsoleClient
-from workers.agent.runner import JobProcess, JobRunner, kill_leftover_jobs
+from workers.agent.runner import JobProcess, JobRunner, kill_leftover_jobs, resolve_run_as
 from workers.agent.sharing import over_share
 from workers.agent.telemetry import TelemetryLoop
 from workers.broker import TRANSPORT as FILESYSTEM_TRANSPORT
@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="never use NVIDIA MPS for shared GPUs (the allocator cap and the memory watch remain)")
     parser.add_argument("--fault-file", default=os.environ.get("GPU_AGENT_FAULT_FILE"),
                         help="simulated backend: JSON file of injected faults")
+    parser.add_argument("--run-as", default=os.environ.get("CONSOLE_AGENT_RUN_AS") or None, metavar="USER",
+                        help="run job processes as this unprivileged user (its uid, gid and groups), each in a "
+                             "private work directory; the agent must run as root (env CONSOLE_AGENT_RUN_AS)")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -198,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent[%(name)s]: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    run_as = resolve_run_as(args.run_as)
     token = read_token(args)
     backend = open_gpu_backend(args)
     client = ConsoleClient(args.console_url, token)
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                        simulated=backend.kind == "simulated", grace_s=args.grace_s,
                        on_attach=attach, on_detach=detach,
                        gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
-                       mps=backend.kind == "nvml" and not args.no_mps, address=args.address)
+                       mps=backend.kind == "nvml" and not args.no_mps, address=args.address, run_as=run_as)
     stop = threading.Event()
     message = registration(args, backend)
     try:

@@ -4,6 +4,12 @@ A job's life here: claim it from the console (a redelivered dispatch is refused 
 process group, pump its output and progress to the console, enforce its time limit, and report how it ended.
 Every job process is started by one long-lived launcher thread with PR_SET_PDEATHSIG, so that if the agent
 dies (even by kill -9) the kernel kills the jobs it started rather than leaving them on the GPUs.
+
+With a run-as user (--run-as), the agent runs as root and each job's own processes run as that user: the shim
+that supervises the job stays the agent's user (so a job can neither signal it nor escape it), and the job gets
+a private work directory (0700, owned by the run-as user, under folders it cannot list). The agent's own files
+of the job (command, pid, output log, stop request) sit one level up, owned by the agent, 0600, where the job
+cannot read, replace or redirect them.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ import errno
 import json
 import logging
 import os
+import pwd
 import queue
+import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -26,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
@@ -38,6 +47,10 @@ PR_SET_PDEATHSIG = 1
 LOG_FLUSH_INTERVAL_S = 0.5
 LOG_FLUSH_BYTES = 256 * 1024
 PROGRESS_INTERVAL_S = 1.0
+PROGRESS_READ_MAX = 1024 * 1024
+# Output kept per job attempt (local output.log, and what is forwarded to the console); the rest is drained and
+# dropped so the job keeps running. Above the console's own cap (CONSOLE_JOB_LOG_MAX_CHARS, 10M by default).
+LOG_MAX_CHARS = 20_000_000
 PYTHON_NAMES = {"python", "python3", "python3.11", "python3.12"}
 # Variables of the agent that a job must not inherit.
 PRIVATE_ENV = ("GPU_AGENT_TOKEN", "CELERY_BROKER_URL", "DATABASE_URL", "DJANGO_SECRET_KEY", "REDIS_URL")
@@ -46,6 +59,59 @@ PRIVATE_ENV = ("GPU_AGENT_TOKEN", "CELERY_BROKER_URL", "DATABASE_URL", "DJANGO_S
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The unprivileged user job processes run as."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def lookup(cls, name: str) -> RunAs:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise SystemExit(f"gpu-agent: --run-as {name}: no such user on this host") from None
+        if entry.pw_uid == 0:
+            raise SystemExit(f"gpu-agent: --run-as {name}: must name an unprivileged user, not uid 0")
+        return cls(name, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(name, entry.pw_gid)))
+
+    def shim_options(self) -> list[str]:
+        return ["--uid", str(self.uid), "--gid", str(self.gid), "--groups", ",".join(map(str, self.groups))]
+
+    def can_search(self, folder: Path) -> bool:
+        """Whether this user may traverse `folder` (the owner, group or other x bit that applies to it)."""
+        info = folder.stat()
+        if info.st_uid == self.uid:
+            return bool(info.st_mode & stat.S_IXUSR)
+        if info.st_gid == self.gid or info.st_gid in self.groups:
+            return bool(info.st_mode & stat.S_IXGRP)
+        return bool(info.st_mode & stat.S_IXOTH)
+
+    def blocked_at(self, path: Path) -> Path | None:
+        """The first folder on the way to `path` (itself included) this user cannot traverse, if any."""
+        for folder in reversed([path, *path.parents]):
+            if not self.can_search(folder):
+                return folder
+        return None
+
+
+def resolve_run_as(name: str | None) -> RunAs | None:
+    """The --run-as user, checked at start-up: the agent must be root to start jobs as another user."""
+    if not name:
+        if os.geteuid() == 0:
+            logger.warning("the agent runs as root and no --run-as user is set: jobs run as root too; "
+                           "set --run-as USER (or CONSOLE_AGENT_RUN_AS) to run them as an unprivileged user")
+        return None
+    if os.geteuid() != 0:
+        raise SystemExit(f"gpu-agent: --run-as {name} (CONSOLE_AGENT_RUN_AS) needs the agent to run as root, to "
+                         f"start jobs as that user; this agent runs as uid {os.geteuid()}. Start the agent as "
+                         "root, or drop --run-as to run jobs as the agent's own user.")
+    return RunAs.lookup(name)
 
 
 def describe_exit(returncode: int) -> str:
@@ -103,6 +169,13 @@ class JobProcess:
     stop_reason: str = ""
     timer: threading.Timer | None = None
     limits: ShareLimits | None = None
+    # The job's own folder (cwd, HOME, progress file). `workdir` itself without a run-as user; with one, a
+    # private folder inside it, so the agent's files in `workdir` stay out of the job's reach.
+    home: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.home is None:
+            self.home = self.workdir
 
     @property
     def key(self) -> tuple[int, int]:
@@ -129,6 +202,8 @@ class JobRunner:
         gpus: dict[int, tuple[str, int]] | None = None,
         mps: bool = False,
         address: str = "",
+        run_as: RunAs | None = None,
+        log_max_chars: int | None = None,
     ) -> None:
         self.client = client
         self.work_root = work_root
@@ -142,7 +217,11 @@ class JobRunner:
         self._jobs: dict[tuple[int, int], JobProcess] = {}
         self._lock = threading.Lock()
         self._launcher = Launcher()
+        self.run_as = run_as
+        self.log_max_chars = log_max_chars or int(os.environ.get("GPU_AGENT_LOG_MAX_CHARS") or LOG_MAX_CHARS)
         self.work_root.mkdir(parents=True, exist_ok=True)
+        if run_as is not None:
+            self._prepare_work_root(run_as)
         # GPU index -> (uuid, memory MiB), for fractional jobs' limits.
         self.gpus = gpus or {}
         self.mps = MpsControl(work_root, enabled=mps)
@@ -160,9 +239,25 @@ class JobRunner:
         with self._lock:
             return {job.process.pid: job.dispatch.job_id for job in self._jobs.values() if job.process}
 
+    def _prepare_work_root(self, run_as: RunAs) -> None:
+        # Traversable, not listable: a job reaches its own folder but cannot find the others'.
+        self.work_root.chmod(0o711)
+        blocked = run_as.blocked_at(self.work_root)
+        if blocked is not None:
+            raise SystemExit(f"gpu-agent: --run-as {run_as.name}: that user cannot reach the work directory "
+                             f"{self.work_root} ({blocked} is not searchable by it); choose a --work-dir it "
+                             "can traverse")
+        for path, what in ((Path(os.path.realpath(self.python)).parent, "the agent's Python interpreter"),
+                           (self.artifacts_root, "the artifact store")):
+            if path.exists() and run_as.blocked_at(path) is not None:
+                logger.warning("--run-as %s: that user cannot reach %s at %s: jobs that need it will fail",
+                               run_as.name, what, path)
+
     def start(self, dispatch: Dispatch) -> str:
         """Start a dispatched job. Returns "started", "duplicate" or "refused"; never raises for a bad job."""
         job = JobProcess(dispatch, self._workdir(dispatch))
+        if self.run_as is not None:
+            job.home = job.workdir / f"work-{secrets.token_hex(8)}"  # not guessable from the job id
         index = dispatch.gpu_indices[0] if dispatch.gpu_indices else 0
         job.limits = share_limits(dispatch, self.gpus.get(index, ("", 0))[1], mps=self.mps.enabled,
                                   simulated=self.simulated)
@@ -219,31 +314,64 @@ class JobRunner:
         with self._lock:
             self._jobs.pop(job.key, None)
 
+    def _make_dirs(self, job: JobProcess) -> None:
+        job.workdir.mkdir(parents=True, exist_ok=True)
+        run_as = self.run_as
+        if run_as is None:
+            return
+        assert job.home is not None
+        for folder in (job.workdir.parent, job.workdir):  # job-N/attempt-M: the agent's, traversable only
+            folder.chmod(0o711)
+        job.home.mkdir(mode=0o700)
+        os.chown(job.home, run_as.uid, run_as.gid)
+        job.home.chmod(0o700)
+        # The job writes its checkpoints and outputs itself: give it those two folders of its artifacts.
+        try:
+            for name in ("checkpoints", "outputs"):
+                folder = self.artifacts_root / str(job.dispatch.job_id) / name
+                folder.mkdir(parents=True, exist_ok=True)
+                os.chown(folder, run_as.uid, run_as.gid, follow_symlinks=False)
+        except OSError as exc:
+            logger.warning("job %s: could not give %s its artifact folders: %s", job.dispatch.job_id, run_as.name,
+                           exc)
+
     def _run(self, job: JobProcess) -> None:
         dispatch = job.dispatch
+        assert job.home is not None
+        local_log = None
         try:
-            job.workdir.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(job)
+            # Opened before the job starts, so the job can never swap it for a link.
+            local_log = open(os.open(job.workdir / "output.log",  # noqa: SIM115 - closed by _pump
+                                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600),
+                             "a", encoding="utf-8")
             argv = self.command(dispatch)
             env = self.environment(job)
-            (job.workdir / "command.json").write_text(json.dumps({"argv": argv}))
+            _write_private(job.workdir / "command.json", json.dumps({"argv": argv}))
             self._send_log(job, f"[agent] job {dispatch.job_id} attempt {dispatch.attempt} on {dispatch.host} "
                                 f"GPUs {','.join(map(str, dispatch.gpu_indices))}: {' '.join(argv)}\n")
-            if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.workdir / argv[0]).is_file():
+            if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.home / argv[0]).is_file():
                 raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
             shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
-                    "--stop-file", str(job.workdir / "stop-grace"), "--"]
+                    "--stop-file", str(job.workdir / "stop-grace"),
+                    *(self.run_as.shim_options() if self.run_as else []), "--"]
             job.process = self._launcher.popen(
-                [*shim, *argv], cwd=job.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                [*shim, *argv], cwd=job.home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         except (OSError, ValueError) as exc:
+            if local_log is not None:
+                local_log.close()
             reason = f"could not start the job: {exc}"
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._send_log(job, f"[agent] {reason}\n")
             self._finish(job, JobStatus("failed", dispatch.attempt, exit_code=code, reason=reason,
                                         node_rank=job.node_rank))
             return
-        (job.workdir / "job.pid").write_text(str(job.process.pid))
+        try:
+            _write_private(job.workdir / "job.pid", str(job.process.pid))
+        except OSError as exc:
+            logger.warning("job %s: could not write its pid file: %s", dispatch.job_id, exc)
         if job.stop_state is not None:  # stopped while starting
             self._terminate(job, self.grace_s)
         job.timer = threading.Timer(dispatch.time_limit_s, self._time_limit, args=(job,))
@@ -252,7 +380,7 @@ class JobRunner:
         if self.on_attach:
             self.on_attach(job)
         try:
-            self._pump(job)
+            self._pump(job, local_log)
             returncode = job.process.wait()
         finally:
             job.timer.cancel()
@@ -296,7 +424,7 @@ class JobRunner:
         if process is None or process.poll() is not None:
             return
         with contextlib.suppress(OSError):
-            (job.workdir / "stop-grace").write_text(str(grace_s))
+            _write_private(job.workdir / "stop-grace", str(grace_s))
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
 
@@ -311,16 +439,18 @@ class JobRunner:
 
     # --- output and progress
 
-    def _pump(self, job: JobProcess) -> None:
+    def _pump(self, job: JobProcess, local_log: TextIO) -> None:
         assert job.process is not None and job.process.stdout is not None
         fd = job.process.stdout.fileno()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending: list[str] = []
         pending_size = 0
         last_flush = last_progress = time.monotonic()
-        progress_file = job.workdir / "progress.jsonl"
+        assert job.home is not None
+        progress_file = job.home / "progress.jsonl"
         progress_offset = 0
-        with (job.workdir / "output.log").open("a", encoding="utf-8") as local_log:
+        room = self.log_max_chars  # characters still kept; past it the output is read and dropped
+        with local_log:
             while True:
                 ready, _, _ = select.select([fd], [], [], LOG_FLUSH_INTERVAL_S)
                 eof = False
@@ -328,7 +458,11 @@ class JobRunner:
                     chunk = os.read(fd, 65536)
                     eof = not chunk
                     text = decoder.decode(chunk, final=eof)
-                    if text:
+                    if text and room > 0:
+                        if len(text) >= room:
+                            text = (text[:room] + f"\n[agent] output past {self.log_max_chars} characters is "
+                                    "dropped; the job keeps running\n")
+                        room -= len(text)
                         local_log.write(text)
                         pending.append(text)
                         pending_size += len(text)
@@ -345,7 +479,8 @@ class JobRunner:
 
     def _send_log(self, job: JobProcess, text: str) -> None:
         try:
-            self.client.log(job.dispatch.job_id, job.dispatch.attempt, text)
+            # The console refuses NUL characters (the whole chunk would be lost): send them as U+FFFD.
+            self.client.log(job.dispatch.job_id, job.dispatch.attempt, text.replace("\x00", "\ufffd"))
         except ConsoleRejected:
             pass  # the job moved on (cancelled or requeued): its output no longer belongs to the record
         except Exception as exc:  # noqa: BLE001 - the local log keeps everything
@@ -354,12 +489,18 @@ class JobRunner:
     def _send_progress(self, job: JobProcess, path: Path, offset: int) -> int:
         """Send the newest progress line written since `offset` (only rank 0 writes the file)."""
         try:
-            with path.open("rb") as handle:
-                handle.seek(offset)
-                data = handle.read()
-        except FileNotFoundError:
+            # The job owns the file: never follow a link it put there, never block on a FIFO, read a bounded amount.
+            handle = open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb")  # noqa: SIM115
+        except OSError:
             return offset
+        with handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return offset
+            handle.seek(offset)
+            data = handle.read(PROGRESS_READ_MAX)
         complete = data[: data.rfind(b"\n") + 1]
+        if not complete and len(data) == PROGRESS_READ_MAX:
+            return offset + len(data)  # a line longer than any progress record: skipped
         latest: dict[str, dict] = {}
         for line in complete.splitlines():
             try:
@@ -433,11 +574,13 @@ class JobRunner:
             CONSOLE_JOB_ID=str(dispatch.job_id),
             CONSOLE_ATTEMPT=str(dispatch.attempt),
             CONSOLE_PRESET=dispatch.preset,
-            CONSOLE_PROGRESS_FILE=str(job.workdir / "progress.jsonl"),
+            CONSOLE_PROGRESS_FILE=str(job.home / "progress.jsonl"),
             CONSOLE_CHECKPOINT_DIR=str(job_artifacts / "checkpoints"),
             CONSOLE_OUTPUT_DIR=str(job_artifacts / "outputs"),
             PYTHONUNBUFFERED="1",
         )
+        if self.run_as is not None:
+            env.update(HOME=str(job.home), USER=self.run_as.name, LOGNAME=self.run_as.name)
         if dispatch.max_steps:
             env["CONSOLE_MAX_STEPS"] = str(dispatch.max_steps)
         else:
@@ -457,6 +600,13 @@ class JobRunner:
         """job id -> GPU memory limit (MiB) of the running fractional jobs."""
         with self._lock:
             return {job.dispatch.job_id: job.limits.memory_mb for job in self._jobs.values() if job.limits}
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write one of the agent's files of a job: 0600, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w") as handle:
+        handle.write(text)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

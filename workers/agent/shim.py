@@ -1,12 +1,15 @@
 """The job shim: the agent starts every job through it, and it owns the job's whole process tree.
 
-    python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace -- argv...
+    python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace [--uid U --gid G --groups G1,G2] -- argv...
 
 It makes itself a child subreaper, so every process the job starts stays in its subtree even when the job
 daemonizes or when torchrun puts its workers in process groups of their own. It ends the whole tree:
 - when the job's main process exits (leftovers are killed, then the shim exits with the main process's status);
 - on SIGTERM from the agent (forwarded to the tree; SIGKILL after the grace period);
 - when the agent dies, even by kill -9 (the kernel sends the shim SIGTERM through PR_SET_PDEATHSIG).
+
+With --uid (the agent's --run-as user), only the job's processes switch to that user: the shim keeps the agent's
+identity, so the job can neither signal its supervisor nor leave the subtree it reaps and kills.
 """
 
 from __future__ import annotations
@@ -61,10 +64,12 @@ def signal_tree(sig: int) -> None:
 
 
 class Shim:
-    def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None) -> None:
+    def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None,
+                 user: tuple[int, int, list[int]] | None = None) -> None:
         self.argv = argv
         self.grace_s = grace_s
         self.stop_file = stop_file
+        self.user = user  # (uid, gid, supplementary groups) the job runs as; None: the shim's own
         self.main_pid = 0
         self.main_status: int | None = None
         self.kill_at: float | None = None
@@ -84,6 +89,12 @@ class Shim:
         if pid == 0:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                if self.user is not None:
+                    uid, gid, groups = self.user
+                    os.setgroups(groups)
+                    os.setresgid(gid, gid, gid)
+                    os.setresuid(uid, uid, uid)
                 os.execvp(self.argv[0], self.argv)
             except OSError as exc:
                 print(f"[agent] could not start the job: {exc}", file=sys.stderr, flush=True)
@@ -137,12 +148,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpu-agent-shim")
     parser.add_argument("--grace", type=float, default=5.0)
     parser.add_argument("--stop-file", type=Path)
+    parser.add_argument("--uid", type=int, help="run the job's processes as this user id (the shim stays as is)")
+    parser.add_argument("--gid", type=int)
+    parser.add_argument("--groups", default="", help="supplementary group ids, comma-separated")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")
-    exit_like(Shim(command, args.grace, args.stop_file).run())
+    user = None
+    if args.uid is not None:
+        if args.gid is None:
+            parser.error("--uid needs --gid")
+        user = (args.uid, args.gid, [int(group) for group in args.groups.split(",") if group])
+    exit_like(Shim(command, args.grace, args.stop_file, user).run())
 
 
 if __name__ == "__main__":

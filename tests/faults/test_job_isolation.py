@@ -1,0 +1,261 @@
+"""Jobs that misbehave, run by a real agent with --run-as nobody: each job runs as that unprivileged user in a
+private work directory, cannot snoop on another job's files, cannot leave a daemon behind, cannot flood the
+log store, and cannot break its log with binary output.
+
+The agent must run as root to switch users: the tests that need it skip otherwise. Jobs use the system Python
+(/usr/bin/python3), which `nobody` can execute, unlike a virtual environment under /root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.integration.live import LiveCluster
+from workers.agent import main as agent_main
+from workers.agent.runner import JobRunner, RunAs, resolve_run_as
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
+PROBE = Path(__file__).resolve().parents[1] / "integration" / "scripts" / "isolation_probe.py"
+SYSTEM_PYTHON = "/usr/bin/python3"
+CONSOLE_LOG_CAP = 6_000_000  # characters the console stores per job
+AGENT_LOG_CAP = 8_000_000  # characters the agent keeps and forwards per job attempt
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a job to another user needs root")
+
+
+def _nobody() -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        return None
+
+
+NOBODY = _nobody()
+needs_nobody = pytest.mark.skipif(NOBODY is None or not os.access(SYSTEM_PYTHON, os.X_OK),
+                                  reason="needs the user nobody and /usr/bin/python3")
+
+
+# --- start-up checks of the option (no cluster)
+
+
+def test_run_as_needs_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(SystemExit, match=r"--run-as nobody \(CONSOLE_AGENT_RUN_AS\) needs the agent to run as root"):
+        agent_main.main(["--run-as", "nobody", "--simulate", "1xH200"])
+
+
+def test_run_as_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CONSOLE_AGENT_RUN_AS", "nobody")
+    assert agent_main.parse_args([]).run_as == "nobody"
+    monkeypatch.delenv("CONSOLE_AGENT_RUN_AS")
+    assert agent_main.parse_args([]).run_as is None
+
+
+def test_root_agent_without_run_as_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with caplog.at_level(logging.WARNING, logger="workers.agent"):
+        assert resolve_run_as(None) is None
+    assert [r.message for r in caplog.records if "no --run-as user is set" in r.message] != []
+    caplog.clear()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with caplog.at_level(logging.WARNING, logger="workers.agent"):
+        assert resolve_run_as(None) is None
+    assert not caplog.records
+
+
+@needs_root
+def test_run_as_refuses_unknown_and_root_users():
+    with pytest.raises(SystemExit, match="no such user"):
+        resolve_run_as("no-such-user-here-42")
+    with pytest.raises(SystemExit, match="unprivileged"):
+        resolve_run_as("root")
+
+
+@needs_root
+@needs_nobody
+def test_run_as_refuses_a_work_dir_the_user_cannot_reach(tmp_path):
+    hidden = tmp_path / "hidden"
+    hidden.mkdir(mode=0o700)
+    with pytest.raises(SystemExit, match="cannot reach the work directory"):
+        JobRunner(None, work_root=hidden / "work", artifacts_root=tmp_path / "artifacts",  # type: ignore[arg-type]
+                  run_as=RunAs.lookup("nobody"))
+
+
+# --- a real console and an agent with --run-as nobody
+
+
+@dataclass
+class RunAsCluster(LiveCluster):
+    agent_args: list[str] = field(default_factory=list)
+
+    def _spawn(self, name, argv):
+        if name.startswith("agent-"):
+            argv = [*argv, *self.agent_args]  # argparse: the last --work-dir wins
+        return super()._spawn(name, argv)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if os.geteuid() != 0 or NOBODY is None or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("needs root, the user nobody and /usr/bin/python3")
+    # pytest's own temp folders are 0700: nobody could not reach a work dir there.
+    outside = Path(tempfile.mkdtemp(prefix="job-isolation-", dir="/tmp"))
+    outside.chmod(0o711)
+    live = RunAsCluster(tmp_path_factory.mktemp("cluster"), agents={"iso": "2xH200"},
+                        extra_env={"CONSOLE_JOB_LOG_MAX_CHARS": str(CONSOLE_LOG_CAP),
+                                   "GPU_AGENT_LOG_MAX_CHARS": str(AGENT_LOG_CAP)},
+                        agent_args=["--run-as", "nobody", "--work-dir", str(outside / "work")])
+    live.work_root = outside / "work"
+    try:
+        live.start()
+        admin = live.admin()
+        assert admin.post("/api/v1/teams/", json={"slug": "it"}).status_code == 201
+        assert admin.patch("/api/v1/teams/it/quota/", json={"max_gpus": 8}).status_code == 200
+        yield live
+    finally:
+        live.stop()
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+def probe(cluster: RunAsCluster, *args: str) -> dict:
+    return cluster.submit(gpus=1, gpu_type="H200", workload={"command": [SYSTEM_PYTHON, str(PROBE), *args]})
+
+
+def log_head(cluster: RunAsCluster, job_id: int) -> str:
+    """The start of a job's log, chunks of up to a million characters included (LiveCluster.log stops short)."""
+    return cluster.admin().get(f"/api/v1/jobs/{job_id}/logs/", params={"after": 0, "limit": 1_000_000}).json()["data"]
+
+
+def wait_line(cluster: RunAsCluster, job_id: int, pattern: str) -> re.Match:
+    return cluster.wait_for(lambda: re.search(pattern, log_head(cluster, job_id), re.M), timeout=60,
+                            what=f"job {job_id} to print {pattern!r}")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie has exited
+    except OSError:
+        return True
+
+
+def cancel(cluster: RunAsCluster, job_id: int) -> None:
+    assert cluster.admin().post(f"/api/v1/jobs/{job_id}/cancel/", json={}).status_code == 200
+    cluster.wait_state(job_id, {"cancelled"}, timeout=30)
+
+
+def full_log(cluster: RunAsCluster, job_id: int) -> tuple[str, dict]:
+    parts, after = [], 0
+    while True:
+        response = cluster.admin().get(f"/api/v1/jobs/{job_id}/logs/", params={"after": after, "limit": 1_000_000})
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("application/json")
+        page = response.json()
+        parts.append(page["data"])
+        if page["next"] == after:
+            return "".join(parts), page
+        after = page["next"]
+
+
+def test_job_runs_as_the_run_as_user_in_a_private_dir(cluster):
+    job = probe(cluster, "identity", "0")
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    log = cluster.log(job["id"])
+    assert done["state"] == "succeeded", log
+    found = dict(re.findall(r"(\w+)=(\S+)", re.search(r"^identity .*$", log, re.M).group(0)))
+    assert int(found["uid"]) == NOBODY.pw_uid and int(found["gid"]) == NOBODY.pw_gid, log
+    assert {int(g) for g in found["groups"].split(",")} == set(os.getgrouplist("nobody", NOBODY.pw_gid))
+    assert found["home"] == found["cwd"]
+    home = Path(found["cwd"])
+    attempt = cluster.work_root / f"job-{job['id']}" / "attempt-1"
+    assert home.parent == attempt and home.name.startswith("work-")
+    info = home.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == NOBODY.pw_uid, oct(info.st_mode)
+    assert (home / "secret.txt").stat().st_uid == NOBODY.pw_uid
+    # The folders above it: the agent's, traversable but not listable; the agent's files of the job: 0600.
+    for folder in (cluster.work_root, attempt.parent, attempt):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o711 and folder.stat().st_uid == os.geteuid()
+    for name in ("output.log", "command.json"):
+        assert stat.S_IMODE((attempt / name).stat().st_mode) == 0o600
+    assert "identity uid=" in (attempt / "output.log").read_text()  # the agent still reads its log
+
+
+def test_job_cannot_list_or_read_another_jobs_files(cluster):
+    victim = probe(cluster, "identity", "600")
+    found = wait_line(cluster, victim["id"], r"^identity .* cwd=(\S+)")
+    home = Path(found.group(1))
+    attempt = cluster.work_root / f"job-{victim['id']}" / "attempt-1"
+    targets = [cluster.work_root, attempt.parent, attempt, attempt / "output.log", attempt / "command.json"]
+    snooper = probe(cluster, "snoop", *map(str, targets))
+    done = cluster.wait_state(snooper["id"], {"succeeded", "failed"})
+    log = cluster.log(snooper["id"])
+    assert done["state"] == "succeeded", log
+    for target in targets:
+        assert f"snoop {target} PermissionError" in log, log
+    # The victim's own folder: reachable only by a name the snooper has no way to list.
+    assert (home / "secret.txt").exists() and str(home) not in log
+    cancel(cluster, victim["id"])
+
+
+@pytest.mark.parametrize("mode", ["exit", "stay"])
+def test_daemon_of_a_job_dies_with_it(cluster, mode):
+    job = probe(cluster, "daemon", mode)
+    found = wait_line(cluster, job["id"], r"^daemon pid=(\d+)")
+    pid = int(found.group(1))
+    # The job, running as nobody, cannot kill the shim that reaps its daemons.
+    assert wait_line(cluster, job["id"], r"^kill-shim (\S+)").group(1) == "PermissionError"
+    if mode == "stay":
+        assert not gone(pid)
+        assert Path(f"/proc/{pid}").stat().st_uid == NOBODY.pw_uid
+        cancel(cluster, job["id"])
+    else:
+        assert cluster.wait_state(job["id"], {"succeeded", "failed"})["state"] == "succeeded"
+    cluster.wait_for(lambda: gone(pid), timeout=10, what=f"the daemon {pid} to be killed")
+
+
+def test_flooding_job_keeps_running_with_its_log_capped(cluster):
+    job = probe(cluster, "flood")
+    home = Path(wait_line(cluster, job["id"], r"^flood cwd=(\S+)").group(1))
+    local = cluster.work_root / f"job-{job['id']}" / "attempt-1" / "output.log"
+    cluster.wait_for(lambda: full_log_page(cluster, job["id"])["truncated"], timeout=60,
+                     what="the console to cap the job's log")
+    # The agent keeps draining the job's output past both caps: the job is not blocked on a full pipe.
+    cluster.wait_for(lambda: local.stat().st_size >= AGENT_LOG_CAP, timeout=60, what="the agent's cap")
+    size = local.stat().st_size
+    before = int((home / "count").read_text())
+    time.sleep(2)
+    assert int((home / "count").read_text()) > before + 16
+    assert cluster.job(job["id"])["state"] == "running"
+    assert local.stat().st_size == size <= AGENT_LOG_CAP + 200
+    assert "output past 8000000 characters is dropped" in local.read_text()[-200:]
+    stored, page = full_log(cluster, job["id"])
+    assert page["truncated"] and len(stored) <= CONSOLE_LOG_CAP + 200
+    assert stored.rstrip().endswith("the job keeps running]")
+    cancel(cluster, job["id"])
+
+
+def full_log_page(cluster: RunAsCluster, job_id: int) -> dict:
+    return cluster.admin().get(f"/api/v1/jobs/{job_id}/logs/", params={"after": 0, "limit": 1}).json()
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_binary_output_and_a_huge_line_keep_the_log_readable(cluster, code):
+    job = probe(cluster, "garbage", str(code))
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"}, timeout=120)
+    assert (done["state"], done["exit_code"]) == ("succeeded" if code == 0 else "failed", code)
+    text, page = full_log(cluster, job["id"])
+    assert not page["truncated"]
+    assert "garbage start" in text and "garbage end" in text
+    assert "\ufffd" in text and "\x00" not in text
+    assert max(len(run) for run in re.findall(r"y{1000,}", text)) == 5_000_000
+    assert f"[agent] {done['state']}:" in text
