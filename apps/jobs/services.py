@@ -16,8 +16,8 @@ from django.db.models import Sum
 from django.http import HttpRequest
 from django.utils import timezone
 
-from apps.accounts.models import ROLE_RANK, Role, Team
-from apps.accounts.selectors import is_admin, role_in_team, teams_visible_to
+from apps.accounts.models import ROLE_RANK, Membership, Role, Team
+from apps.accounts.selectors import is_admin
 from apps.cluster.models import GPU, Host
 from apps.cluster.selectors import known_gpu_types, largest_gpu_memory_mb, largest_pool
 from apps.core.models import AuditEvent
@@ -73,27 +73,31 @@ def default_preset(kind: str) -> str:
 # --- submission
 
 
-def _resolve_team(user: AbstractBaseUser, slug: str | None) -> Team:
+def _resolve_team(user: AbstractBaseUser, slug: str | None) -> tuple[Team, Role | None]:
+    """The team a submission goes to and the user's role there (None for an admin outside the team)."""
+    memberships = Membership.objects.select_related("team").filter(user=user)
     if slug:
-        team = teams_visible_to(user).filter(slug=slug).first()
+        # One query for the team and the role: submission is the hottest write path.
+        membership = memberships.filter(team__slug=slug).first()
+        if membership is not None:
+            return membership.team, Role(membership.role)
+        team = Team.objects.filter(slug=slug).first() if is_admin(user) else None
         if team is None:
             raise JobSpecError({"team": [f"You are not a member of a team named '{slug}'."]})
-        return team
-    submittable = [
-        m.team for m in user.memberships.select_related("team") if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.MEMBER]
-    ]
+        return team, None
+    submittable = [m for m in memberships if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.MEMBER]]
     if len(submittable) == 1:
-        return submittable[0]
+        return submittable[0].team, Role(submittable[0].role)
     if not submittable:
         raise JobSpecError({"team": ["You are not a member of any team that may submit jobs."]})
-    names = ", ".join(sorted(t.slug for t in submittable))
+    names = ", ".join(sorted(m.team.slug for m in submittable))
     raise JobSpecError({"team": [f"You belong to several teams; name one of: {names}."]})
 
 
-def _check_role_and_priority(user: AbstractBaseUser, team: Team, priority: str, max_priority: str) -> None:
+def _check_role_and_priority(user: AbstractBaseUser, team: Team, role: Role | None, priority: str,
+                             max_priority: str) -> None:
     if is_admin(user):
         return
-    role = role_in_team(user, team)
     if role is None or ROLE_RANK[role] < ROLE_RANK[Role.MEMBER]:
         raise JobPermissionError(f"Viewers of team {team.slug} cannot submit jobs.")
     if priority == Priority.URGENT:
@@ -164,12 +168,12 @@ def _check_gpus(team: Team, spec: JobSpec, quota: Any, user: AbstractBaseUser) -
 
 
 def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | None = None) -> Job:
-    team = _resolve_team(user, spec.team)
+    team, role = _resolve_team(user, spec.team)
     preset = spec.preset or default_preset(spec.kind)
     with transaction.atomic():
         # The quota row lock serialises submissions and placements of one team.
         quota = quota_lock(team)
-        _check_role_and_priority(user, team, spec.priority, quota.max_priority)
+        _check_role_and_priority(user, team, role, spec.priority, quota.max_priority)
         _check_rate(user)
         errors = _check_workload(spec.kind, preset, spec.workload)
         errors.update(_check_gpus(team, spec, quota, user))

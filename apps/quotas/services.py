@@ -21,8 +21,11 @@ def quota_ensure(team: Team) -> TeamQuota:
 
 def quota_lock(team: Team) -> TeamQuota:
     """Lock the team's quota row for the rest of the transaction (serialises quota checks per team)."""
-    quota_ensure(team)
-    return TeamQuota.objects.select_for_update().get(team=team)
+    try:
+        return TeamQuota.objects.select_for_update().get(team=team)
+    except TeamQuota.DoesNotExist:  # a team made without its quota row (every team gets one at creation)
+        quota_ensure(team)
+        return TeamQuota.objects.select_for_update().get(team=team)
 
 
 def quota_update(
