@@ -25,6 +25,7 @@ from apps.accounts.serializers import (
     UserSerializer,
 )
 from apps.core.models import AuditEvent
+from apps.core.schema import ErrorSerializer
 from apps.core.services import audit_record
 
 User = get_user_model()
@@ -53,7 +54,7 @@ class ObtainTokenView(APIView):
     authentication_classes: list = []
     throttle_scope = "login"
 
-    @extend_schema(request=TokenRequestSerializer, responses={201: NewTokenSerializer})
+    @extend_schema(request=TokenRequestSerializer, responses={201: NewTokenSerializer, 429: ErrorSerializer})
     def post(self, request: Request) -> Response:
         form = TokenRequestSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -164,6 +165,7 @@ class TeamViewSet(viewsets.ModelViewSet):
             audit_record(AuditEvent.Action.TEAM_CHANGED, actor=self.request.user, target=f"team {team.slug}",
                          request=self.request._request)
 
+    @extend_schema(responses={204: None, 409: ErrorSerializer})
     def destroy(self, request: Request, *args, **kwargs) -> Response:
         team = self.get_object()
         if team.jobs.exists():

@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 
 from apps.cluster.authentication import HostTokenAuthentication, IsHostAgent
 from apps.cluster.services import RegistrationError, host_heartbeat, host_register
+from apps.core.schema import ErrorSerializer
 from apps.jobs.selectors import jobs_to_stop_on_host
 from apps.jobs.services import jobs_missing_on_host
 from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue
@@ -48,7 +49,7 @@ class AgentView(APIView):
 
 
 class RegisterView(AgentView):
-    @extend_schema(request=RegistrationSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=RegistrationSerializer, responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request) -> Response:
         form = RegistrationSerializer(data=request.data)
         form.is_valid(raise_exception=True)

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Role
 from apps.cluster.selectors import known_gpu_types
-from apps.jobs.models import Job
+from apps.jobs.models import MAX_STEPS, Job
 from apps.jobs.services import JobSpec
 from apps.quotas.models import Priority
 from workers.runtime.catalog import PRESETS, WORKLOADS
@@ -61,7 +61,7 @@ class JobSubmitForm(forms.Form):
         required=False, min_value=1, max_value=settings.JOBS_MAX_TIME_LIMIT_MINUTES, label="Time limit (minutes)",
         help_text=f"Blank: {settings.JOBS_DEFAULT_TIME_LIMIT_MINUTES} minutes.",
     )
-    max_steps = forms.IntegerField(required=False, min_value=1, max_value=10**12, label="Max steps")
+    max_steps = forms.IntegerField(required=False, min_value=1, max_value=MAX_STEPS, label="Max steps")
     max_retries = forms.IntegerField(min_value=0, max_value=3, initial=0, label="Retries after a lost host")
 
     def __init__(self, *args: Any, teams: list[str], **kwargs: Any) -> None:

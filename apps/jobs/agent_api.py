@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.cluster.agent_api import AgentView
+from apps.core.schema import ErrorSerializer
 from apps.jobs import services
 from workers.protocol import JobStatus
 
@@ -37,7 +38,7 @@ def _rejected(exc: Exception) -> Response:
 
 
 class JobStatusView(AgentView):
-    @extend_schema(request=StatusSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=StatusSerializer, responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request, job_id: int) -> Response:
         form = StatusSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -51,7 +52,7 @@ class JobStatusView(AgentView):
 
 
 class JobLogView(AgentView):
-    @extend_schema(request=LogSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=LogSerializer, responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request, job_id: int) -> Response:
         form = LogSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -63,7 +64,7 @@ class JobLogView(AgentView):
 
 
 class JobProgressView(AgentView):
-    @extend_schema(request=ProgressSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=ProgressSerializer, responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request, job_id: int) -> Response:
         form = ProgressSerializer(data=request.data)
         form.is_valid(raise_exception=True)

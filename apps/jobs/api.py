@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.schema import ErrorSerializer
 from apps.jobs import selectors, services
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation
@@ -59,7 +60,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             Prefetch("allocations", queryset=allocations)
         )
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 429: ErrorSerializer})
     def create(self, request: Request) -> Response:
         form = JobSubmitSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -75,7 +76,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise Throttled(wait=60, detail=str(exc)) from None
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=CancelSerializer, responses=JobSerializer)
+    @extend_schema(request=CancelSerializer, responses={200: JobSerializer, 409: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()

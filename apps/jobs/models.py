@@ -8,6 +8,10 @@ from apps.accounts.models import Team
 from apps.cluster.models import GPU
 from apps.quotas.models import Priority
 
+# The largest max_steps a job may ask for: what its PositiveIntegerField holds on every database (PostgreSQL's
+# integer), so a bigger one is a 400, never a database error.
+MAX_STEPS = 2**31 - 1
+
 
 class Job(models.Model):
     class Kind(models.TextChoices):

@@ -6,11 +6,21 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from apps.jobs.models import Job, JobEvent
+from apps.jobs.models import MAX_STEPS, Job, JobEvent
 from apps.quotas.models import Priority
 
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in key or _has_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    return False
 
 
 class WorkloadField(serializers.JSONField):
@@ -32,6 +42,12 @@ class WorkloadField(serializers.JSONField):
             params = data.get("params", {})
             if not isinstance(params, dict):
                 raise serializers.ValidationError({"params": ["Must be an object."]})
+            # A NUL byte is no path, name or number: PostgreSQL's jsonb refuses it (a 500), the agent's exec too.
+            with_nul = sorted(repr(name) if "\x00" in name else name for name, value in params.items()
+                              if "\x00" in name or _has_nul(value))
+            if with_nul:
+                raise serializers.ValidationError(
+                    {"params": {name: ["Must not contain NUL bytes."] for name in with_nul}})
             return {"builtin": data["builtin"], "params": params}
         if "command" in data:
             unknown = keys - {"command"}
@@ -68,7 +84,7 @@ class JobSubmitSerializer(serializers.Serializer):
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
     preset = serializers.CharField(max_length=60, required=False)
     workload = WorkloadField()
-    max_steps = serializers.IntegerField(min_value=1, max_value=10**12, required=False, allow_null=True)
+    max_steps = serializers.IntegerField(min_value=1, max_value=MAX_STEPS, required=False, allow_null=True)
     time_limit_minutes = serializers.IntegerField(
         min_value=1, max_value=settings.JOBS_MAX_TIME_LIMIT_MINUTES, required=False
     )

@@ -26,6 +26,7 @@ from apps.jobs.errors import JobPermissionError, JobSpecError
 from apps.jobs.models import Job
 from apps.jobs.services import JobSpec, job_release, job_submit
 from apps.serving.models import InferenceService, ServiceEvent, ServiceReplica
+from workers.runtime.artifacts import safe_job_id, safe_relpath
 from workers.runtime.catalog import PRESETS, WORKLOADS
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,17 @@ class ServiceSpec:
     batching: bool = True
 
 
+def _inside_job(checkpoint: str) -> bool:
+    """'<job id>/<path>' with a path the artifact store accepts (no '..', absolute part, backslash or NUL)."""
+    job_id, _, path = checkpoint.partition("/")
+    try:
+        safe_job_id(job_id)
+        safe_relpath(path)
+    except ValueError:
+        return False
+    return True
+
+
 def _validate(spec: ServiceSpec) -> None:
     errors: dict[str, list[str]] = {}
     workload = WORKLOADS.get(spec.workload)
@@ -75,7 +87,7 @@ def _validate(spec: ServiceSpec) -> None:
         source = Job.objects.filter(pk=int(job_id) if job_id.isdigit() else 0).first()
         if source is None or source.team_id != spec.team.pk:
             errors["checkpoint"] = ["The checkpoint must come from a job of the same team: '<job id>/<path>'."]
-        elif ".." in spec.checkpoint.split("/") or spec.checkpoint.startswith("/"):
+        elif not _inside_job(spec.checkpoint):
             errors["checkpoint"] = ["The checkpoint path must stay inside the job's artifacts."]
     if errors:
         raise JobSpecError(errors)
