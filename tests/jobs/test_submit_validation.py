@@ -161,3 +161,9 @@ def test_command_workload_and_inference_default_preset(world, client_for):
     assert response.status_code == 201 and response.json()["preset"] == "baseline-fp32"
     response = client.post("/api/v1/jobs/", train_spec(kind="inference"), format="json")
     assert response.status_code == 201 and response.json()["preset"] == "infer-fp32"
+
+
+def test_the_created_answer_is_the_job_as_reading_it_back_shows_it(world, client_for):
+    client = client_for(world.member)
+    created = client.post("/api/v1/jobs/", train_spec(team="vision"), format="json").json()
+    assert created == client.get(f"/api/v1/jobs/{created['id']}/").json()
