@@ -45,6 +45,14 @@ def host_register(host: Host, registration: dict) -> Host:
         )
     if registration.get("host") != host.name:
         raise RegistrationError(f"this token belongs to host {host.name!r}, not {registration.get('host')!r}")
+    uuids = [gpu["uuid"] for gpu in registration.get("gpus", [])]
+    if len(set(uuids)) != len(uuids):
+        raise RegistrationError("two GPUs of the registration have the same UUID")
+    # A host speaks for its own GPUs only: a UUID another host registered stays that host's (it was a 500).
+    elsewhere = GPU.objects.filter(uuid__in=uuids).exclude(host=host).select_related("host").first()
+    if elsewhere is not None:
+        raise RegistrationError(f"GPU {elsewhere.uuid} is registered on host {elsewhere.host.name!r}; an admin "
+                                "removes it there first if it really moved")
     now = timezone.now()
     with transaction.atomic():
         host = Host.objects.select_for_update().get(pk=host.pk)
