@@ -114,9 +114,11 @@ def cluster(tmp_path_factory):
     outside.chmod(0o711)
     live = RunAsCluster(tmp_path_factory.mktemp("cluster"), agents={"iso": "2xH200"},
                         extra_env={"CONSOLE_JOB_LOG_MAX_CHARS": str(CONSOLE_LOG_CAP),
-                                   "GPU_AGENT_LOG_MAX_CHARS": str(AGENT_LOG_CAP)},
-                        agent_args=["--run-as", "nobody", "--work-dir", str(outside / "work")])
-    live.work_root = outside / "work"
+                                   "GPU_AGENT_LOG_MAX_CHARS": str(AGENT_LOG_CAP),
+                                   "CONSOLE_ARTIFACTS": (outside / "artifacts").as_uri()},
+                        agent_args=["--run-as", "nobody", "--work-dir", str(outside / "work"),
+                                    "--artifacts", str(outside / "artifacts")])
+    live.work_root, live.artifacts = outside / "work", outside / "artifacts"
     try:
         live.start()
         admin = live.admin()
@@ -187,7 +189,12 @@ def test_job_runs_as_the_run_as_user_in_a_private_dir(cluster):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o711 and folder.stat().st_uid == os.geteuid()
     for name in ("output.log", "command.json"):
         assert stat.S_IMODE((attempt / name).stat().st_mode) == 0o600
-    assert "identity uid=" in (attempt / "output.log").read_text()  # the agent still reads its log
+    # What the agent reads of the job still arrives: its log, its progress file; the job's outputs are stored.
+    assert "identity uid=" in (attempt / "output.log").read_text()
+    assert done["steps_done"] == 7
+    artifacts = {a["path"] for a in cluster.admin().get(f"/api/v1/jobs/{job['id']}/artifacts/").json()}
+    assert {"outputs/hello.txt", "logs/attempt-1-node-0.log"} <= artifacts, artifacts
+    assert (cluster.artifacts / str(job["id"]) / "outputs").stat().st_uid == NOBODY.pw_uid
 
 
 def test_job_cannot_list_or_read_another_jobs_files(cluster):

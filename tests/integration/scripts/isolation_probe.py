@@ -1,7 +1,7 @@
 """A job that probes its isolation (tests/faults/test_job_isolation.py). Standard library only: it runs as an
 unprivileged user, under a system Python that user can execute.
 
-    identity SECONDS     print who it runs as and where, then sleep
+    identity SECONDS     print who it runs as and where, write progress and an output, then sleep
     snoop PATH...        try to list or read each path; print what happened
     daemon exit|stay     start a daemon (double fork + setsid) that sleeps forever; try to kill the shim
     flood                print forever as fast as it can, counting blocks in ./count
@@ -18,6 +18,10 @@ def identity(seconds: float) -> None:
     cwd = os.getcwd()
     with open("secret.txt", "w") as handle:
         handle.write("only this job may read this\n")
+    with open(os.environ["CONSOLE_PROGRESS_FILE"], "a") as handle:  # read by the agent, which runs as root
+        handle.write('{"type": "progress", "step": 7}\n')
+    with open(os.path.join(os.environ["CONSOLE_OUTPUT_DIR"], "hello.txt"), "w") as handle:
+        handle.write("an output of the job\n")
     print(f"identity uid={os.getuid()} gid={os.getgid()} groups={','.join(map(str, sorted(os.getgroups())))} "
           f"home={os.environ.get('HOME')} cwd={cwd} pid={os.getpid()}", flush=True)
     time.sleep(seconds)
