@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
@@ -215,7 +216,7 @@ def _check_rate(user: AbstractBaseUser) -> None:
     limit = settings.JOBS_SUBMIT_PER_MINUTE
     # The team's quota lock serialises one team's submissions; this one a user's across teams, so concurrent
     # submissions cannot all read the same count and pass together.
-    list(type(user).objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
+    list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
     recent = Job.objects.filter(user=user, created_at__gte=timezone.now() - timedelta(minutes=1)).count()
     if recent >= limit:
         raise JobRateLimited(f"You submitted {recent} jobs in the last minute; the limit is {limit} per minute.")
