@@ -65,9 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="never use NVIDIA MPS for shared GPUs (the allocator cap and the memory watch remain)")
     parser.add_argument("--fault-file", default=os.environ.get("GPU_AGENT_FAULT_FILE"),
                         help="simulated backend: JSON file of injected faults")
-    parser.add_argument("--run-as", default=os.environ.get("CONSOLE_AGENT_RUN_AS") or None, metavar="USER",
+    parser.add_argument("--run-as", default=os.environ.get("GPU_AGENT_RUN_AS") or os.environ.get("CONSOLE_AGENT_RUN_AS") or None,
+                        metavar="USER",
                         help="run job processes as this unprivileged user (its uid, gid and groups), each in a "
-                             "private work directory; the agent must run as root (env CONSOLE_AGENT_RUN_AS)")
+                             "private work directory; the agent must run as root (env GPU_AGENT_RUN_AS)")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
