@@ -274,8 +274,10 @@ def test_user_credentials_open_no_agent_endpoint(world, two_jobs, persona):
     _, secret = token_create(user=user, name="cli")
     session = Client()
     session.force_login(user)
+    forced = APIClient()
+    forced.force_authenticate(user)  # as if some other scheme had authenticated the user: still not a host
     clients = {"bearer": APIClient(HTTP_AUTHORIZATION=f"Bearer {secret}"),
-               "as host": APIClient(HTTP_AUTHORIZATION=f"Host {secret}"), "session": session}
+               "as host": APIClient(HTTP_AUTHORIZATION=f"Host {secret}"), "session": session, "forced": forced}
     bodies = {"register": registration("sim-t"), "status": {"state": "failed", "attempt": 1},
               "logs": {"attempt": 1, "data": "forged"}, "progress": {"attempt": 1, "progress": {"step": 9}},
               "telemetry": {"gpus": [gpu_sample(0)]}, "heartbeat": {"running": []}}
@@ -287,7 +289,8 @@ def test_user_credentials_open_no_agent_endpoint(world, two_jobs, persona):
                 response = client.post(path, json.dumps(body), content_type="application/json")
             else:
                 response = client.post(path, body, format="json")
-            assert response.status_code in {401, 403}, (name, path, response.status_code)
+            # The agent API authenticates host tokens only (401); a user who got past that is no host (403).
+            assert response.status_code == (403 if name == "forced" else 401), (name, path, response.status_code)
     vision.refresh_from_db()
     assert vision.state == "placed" and not JobLogChunk.objects.exists() and vision.steps_done == 0
     assert services.latest_frames(["sim-t"]) == {}
