@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3, help="uvicorn worker processes")
     parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--no-worker", action="store_true",
+                        help="no Celery worker: measure the API alone (by default scheduler passes over the growing "
+                             "queue run beside it, on the same cores)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -96,11 +99,12 @@ def main() -> None:
         subprocess.Popen([sys.executable, "-m", "uvicorn", "console.asgi:application", "--port", str(port),
                           "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
                          cwd=ROOT, env=env, start_new_session=True),
-        subprocess.Popen([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "console",
+    ]
+    if not args.no_worker:
+        processes.append(subprocess.Popen([sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues", "console",
                           "--concurrency", "1", "--loglevel", "WARNING", "-s", str(base / "beat")],
                          cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL),
-    ]
+                         stderr=subprocess.DEVNULL))
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
@@ -146,7 +150,8 @@ def main() -> None:
     bare, real = results["bare row-locked insert"], results["submit (POST /api/v1/jobs/)"]
     summary = {"results": results, "ratio": real["rps"] / bare["rps"], "jobs": int(jobs), "gpus_held": float(held),
                "double_booked_gpus": int(doubled), "queue_order_consistent": ordered == "True",
-               "connections": args.connections, "workers": args.workers, "duration_s": args.duration}
+               "connections": args.connections, "workers": args.workers, "duration_s": args.duration,
+               "scheduler_worker": not args.no_worker}
     if args.json:
         print(json.dumps(summary, indent=2))
         return
