@@ -38,6 +38,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from tests.integration.live import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "netns-admin-pass-42"
 CLONE_NEWNET = 0x40000000
@@ -332,13 +334,7 @@ class NetnsCluster:
         return response.json()
 
     def wait_for(self, condition: Callable[[], object], *, timeout: float, what: str, interval: float = 0.5):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = condition()
-            if value:
-                return value
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.logs_tail()}")
+        return wait_until(condition, timeout=timeout, what=what, interval=interval, details=self.logs_tail)
 
     def wait_state(self, job_id: int, states: set[str], timeout: float = 120) -> dict:
         return self.wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout=timeout,

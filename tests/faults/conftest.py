@@ -12,13 +12,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.integration.live import free_port
+from tests.integration.live import free_port, wait_until
 
 FAULT_ROWS: list[tuple[str, str, str, str]] = []
 
@@ -38,16 +37,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line("| " + " | ".join(row) + " |")
 
 
-def wait_until(condition, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 @dataclass
 class PrivateRedis:
     folder: Path
@@ -64,7 +53,7 @@ class PrivateRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.folder)],
             stdout=(self.folder / "redis.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(self.answers, 20, "redis-server to answer")
+        wait_until(self.answers, timeout=20, what="redis-server to answer", interval=0.2)
 
     def answers(self) -> bool:
         import redis
@@ -115,7 +104,7 @@ class PrivatePostgres:
                                "-c", "fsync=off", "-c", "max_connections=300"]),
             stdout=(self.folder.parent / "postgres.log").open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
-        wait_until(self.answers, 30, "PostgreSQL to accept connections")
+        wait_until(self.answers, timeout=30, what="PostgreSQL to accept connections", interval=0.2)
 
     def answers(self) -> bool:
         import psycopg

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.integration.live import LiveCluster
+from tests.integration.live import LiveCluster, gone  # noqa: F401 - re-exported for the fault tests
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
@@ -51,17 +50,6 @@ def job_pid(cluster: LiveCluster, job_id: int) -> int:
     found = cluster.wait_for(lambda: re.findall(r"proc pid=(\d+)", cluster.log(job_id)), timeout=30,
                              what=f"job {job_id}'s process to start")
     return int(found[-1])
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 def sql(cluster: LiveCluster, query: str, *params) -> list[tuple]:

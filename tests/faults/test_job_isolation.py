@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import LiveCluster
+from tests.integration.live import LiveCluster, gone
 from workers.agent import main as agent_main
 from workers.agent.runner import JobRunner, RunAs, resolve_run_as
 
@@ -142,13 +142,6 @@ def log_head(cluster: RunAsCluster, job_id: int) -> str:
 def wait_line(cluster: RunAsCluster, job_id: int, pattern: str) -> re.Match:
     return cluster.wait_for(lambda: re.search(pattern, log_head(cluster, job_id), re.M), timeout=60,
                             what=f"job {job_id} to print {pattern!r}")
-
-
-def gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie has exited
-    except OSError:
-        return True
 
 
 def cancel(cluster: RunAsCluster, job_id: int) -> None:

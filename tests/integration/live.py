@@ -29,6 +29,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_until(condition, *, timeout: float, what: str, interval: float = 0.5, details=lambda: ""):
+    """Poll `condition` until it returns something true (returned), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{details()}")
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie has too: it only waits to be reaped by its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
 def _fresh_postgres(url: str, name: str) -> str:
     import psycopg
 
@@ -175,13 +198,7 @@ class LiveCluster:
             return False
 
     def wait_for(self, condition, *, timeout: float, what: str, interval: float = 0.5):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = condition()
-            if value:
-                return value
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.logs_tail()}")
+        return wait_until(condition, timeout=timeout, what=what, interval=interval, details=self.logs_tail)
 
     def job(self, job_id: int) -> dict:
         return self.admin().get(f"/api/v1/jobs/{job_id}/").json()

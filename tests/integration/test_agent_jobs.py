@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import LiveCluster
+from tests.integration.live import LiveCluster, gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -40,18 +40,6 @@ def cluster(tmp_path_factory):
 
 def proc_lines(log: str) -> list[dict[str, str]]:
     return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in re.findall(r"proc pid=.*", log)]
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie has exited: it only waits to be reaped by its parent.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 def test_ddp_job_runs_one_process_per_placed_gpu(cluster):
