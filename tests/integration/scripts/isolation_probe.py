@@ -47,8 +47,9 @@ def daemon(mode: str) -> None:
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            with open("daemon.pid", "w") as handle:
+            with open("daemon.pid.part", "w") as handle:  # renamed when complete: never read half-written
                 handle.write(str(os.getpid()))
+            os.replace("daemon.pid.part", "daemon.pid")
             while True:
                 time.sleep(3600)
         os._exit(0)
