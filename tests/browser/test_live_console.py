@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.browser.conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _missing
-from tests.integration.live import LiveCluster
+from tests.integration.live import LiveCluster, create_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.slow]
 PASSWORD = "a-long-pass-for-browser-7"
@@ -45,8 +45,7 @@ def cluster(tmp_path_factory):
         live.start()
         admin = live.admin()
         for team in ("web", "rival"):
-            assert admin.post("/api/v1/teams/", json={"slug": team}).status_code == 201
-            assert admin.patch(f"/api/v1/teams/{team}/quota/", json={"max_gpus": 2}).status_code == 200
+            create_team(admin, team, 2)
         for user, team, role in [("wendy", "web", "member"), ("walt", "web", "viewer"), ("rolf", "rival", "member")]:
             assert admin.post("/api/v1/users/", json={"username": user, "password": PASSWORD}).status_code == 201
             assert admin.post(f"/api/v1/teams/{team}/members/",

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.netns import AGENTS, NetnsCluster, unavailable_reason
+from tests.integration.live import create_team
 from workers.protocol import HEARTBEAT_TIMEOUT_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -32,8 +33,7 @@ def cluster(tmp_path_factory):
     try:
         live.start()
         admin = live.admin()
-        assert admin.post("/api/v1/teams/", json={"slug": "netns"}).status_code == 201
-        assert admin.patch("/api/v1/teams/netns/quota/", json={"max_gpus": 8}).status_code == 200
+        create_team(admin, "netns", 8)
         yield live
     finally:
         live.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.integration.live import LiveCluster, gone  # noqa: F401 - re-exported for the fault tests
+from tests.integration.live import LiveCluster, create_team, gone  # noqa: F401 - re-exported for the fault tests
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
@@ -27,8 +27,7 @@ def start_cluster(base: Path, postgres, redis, agents: dict[str, str]) -> LiveCl
     })
     live.start()
     admin = live.admin()
-    assert admin.post("/api/v1/teams/", json={"slug": "it"}).status_code == 201
-    assert admin.patch("/api/v1/teams/it/quota/", json={"max_gpus": 16}).status_code == 200
+    create_team(admin, "it", 16)
     live.runs = base / "runs"
     live.runs.mkdir()
     return live

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import LiveCluster, gone
+from tests.integration.live import LiveCluster, create_team, gone
 from workers.agent import main as agent_main
 from workers.agent.runner import JobRunner, RunAs, resolve_run_as
 
@@ -122,8 +122,7 @@ def cluster(tmp_path_factory):
     try:
         live.start()
         admin = live.admin()
-        assert admin.post("/api/v1/teams/", json={"slug": "it"}).status_code == 201
-        assert admin.patch("/api/v1/teams/it/quota/", json={"max_gpus": 8}).status_code == 200
+        create_team(admin, "it", 8)
         yield live
     finally:
         live.stop()

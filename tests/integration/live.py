@@ -40,6 +40,12 @@ def wait_until(condition, *, timeout: float, what: str, interval: float = 0.5, d
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{details()}")
 
 
+def create_team(admin: httpx.Client, slug: str, max_gpus: int) -> None:
+    """A team with a GPU quota, through the API as an admin (what every live test starts with)."""
+    assert admin.post("/api/v1/teams/", json={"slug": slug}).status_code == 201
+    assert admin.patch(f"/api/v1/teams/{slug}/quota/", json={"max_gpus": max_gpus}).status_code == 200
+
+
 def gone(pid: int) -> bool:
     """The process has exited (a zombie has too: it only waits to be reaped by its parent)."""
     try:

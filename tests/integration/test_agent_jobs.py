@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import LiveCluster, gone
+from tests.integration.live import LiveCluster, create_team, gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -28,8 +28,7 @@ def cluster(tmp_path_factory):
     try:
         live.start()
         admin = live.admin()
-        assert admin.post("/api/v1/teams/", json={"slug": "it"}).status_code == 201
-        assert admin.patch("/api/v1/teams/it/quota/", json={"max_gpus": 8}).status_code == 200
+        create_team(admin, "it", 8)
         # Started first and checked last: it must be stopped by its one-minute time limit meanwhile.
         live.time_limited = live.submit(gpus=1, gpu_type="A100", time_limit_minutes=1,
                                         workload={"command": [PY, str(SCRIPTS / "show_env.py"), "600"]})

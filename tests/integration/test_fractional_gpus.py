@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from websockets.sync.client import connect
 
-from tests.integration.live import LiveCluster
+from tests.integration.live import LiveCluster, create_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -23,8 +23,7 @@ def cluster(tmp_path_factory):
     try:
         live.start()
         admin = live.admin()
-        assert admin.post("/api/v1/teams/", json={"slug": "share"}).status_code == 201
-        assert admin.patch("/api/v1/teams/share/quota/", json={"max_gpus": 2}).status_code == 200
+        create_team(admin, "share", 2)
         yield live
     finally:
         live.stop()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.live import LiveCluster
+from tests.integration.live import LiveCluster, create_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PASSWORD = "a-long-pass-for-tests-9"
@@ -25,8 +25,7 @@ def cluster(tmp_path_factory):
         live.start()
         admin = live.admin()
         for team, user in [("ml", "mona"), ("other", "otto")]:
-            assert admin.post("/api/v1/teams/", json={"slug": team}).status_code == 201
-            assert admin.patch(f"/api/v1/teams/{team}/quota/", json={"max_gpus": 4}).status_code == 200
+            create_team(admin, team, 4)
             assert admin.post("/api/v1/users/", json={"username": user, "password": PASSWORD}).status_code == 201
             assert admin.post(f"/api/v1/teams/{team}/members/",
                               json={"username": user, "role": "member"}).status_code == 201

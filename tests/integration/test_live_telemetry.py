@@ -15,7 +15,7 @@ import pytest
 import websockets
 from websockets.sync.client import connect
 
-from tests.integration.live import LiveCluster, free_port
+from tests.integration.live import LiveCluster, create_team, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -30,8 +30,7 @@ def cluster(tmp_path_factory):
         live.start()
         admin = live.admin()
         for team, user in [("red", "rita"), ("blue", "bob")]:
-            assert admin.post("/api/v1/teams/", json={"slug": team}).status_code == 201
-            assert admin.patch(f"/api/v1/teams/{team}/quota/", json={"max_gpus": 4}).status_code == 200
+            create_team(admin, team, 4)
             assert admin.post("/api/v1/users/", json={"username": user, "password": PASSWORD}).status_code == 201
             assert admin.post(f"/api/v1/teams/{team}/members/",
                               json={"username": user, "role": "member"}).status_code == 201
