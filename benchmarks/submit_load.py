@@ -122,6 +122,7 @@ def main() -> None:
         job = json.dumps({"name": "load", "team": "load", "gpus": 1, "workload": {"builtin": "mlp-digits"}})
         for name, path, body in [("bare row-locked insert", "/api/v1/bench/bare-insert/", "{}"),
                                  ("submit (POST /api/v1/jobs/)", "/api/v1/jobs/", job)]:
+            time.sleep(3)  # requests still queued in the server from the previous phase finish first
             script = base / "post.lua"
             script.write_text(LUA.format(token=token, body=body))
             out = subprocess.run(["wrk", "-t2", f"-c{args.connections}", f"-d{args.duration}s", "--latency",

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from django.db.models import Count, Max, QuerySet
+from dataclasses import dataclass
+
+from django.db.models import Count, Max, Q, QuerySet
 
 from apps.accounts.selectors import AnyUser, is_admin, teams_visible_to
 from apps.cluster.models import GPU, Host
@@ -17,17 +19,29 @@ def known_gpu_types() -> set[str]:
     return set(GPU.objects.values_list("gpu_type", flat=True).distinct())
 
 
-def largest_pool(gpu_type: str | None) -> int:
-    """GPUs registered of one type (or of the most common type): the most a single job could ever get."""
-    gpus = GPU.objects.exclude(health=GPU.Health.FAULTY)
-    if gpu_type:
-        return gpus.filter(gpu_type=gpu_type).count()
-    largest = gpus.values("gpu_type").annotate(n=Count("id")).aggregate(m=Max("n"))["m"]
-    return largest or 0
+@dataclass(frozen=True)
+class GpuPools:
+    """The cluster's GPUs by type: how many are not faulty and the largest memory among those."""
+
+    counts: dict[str, int]
+    memory_mb: dict[str, int]
+
+    def known(self, gpu_type: str) -> bool:
+        return gpu_type in self.counts
+
+    def largest_pool(self, gpu_type: str | None) -> int:
+        """The most GPUs a single job could ever get (of this type, or of the most common one)."""
+        return self.counts.get(gpu_type, 0) if gpu_type else max(self.counts.values(), default=0)
+
+    def largest_memory_mb(self, gpu_type: str | None) -> int:
+        return self.memory_mb.get(gpu_type, 0) if gpu_type else max(self.memory_mb.values(), default=0)
 
 
-def largest_gpu_memory_mb(gpu_type: str | None) -> int:
-    gpus = GPU.objects.exclude(health=GPU.Health.FAULTY)
-    if gpu_type:
-        gpus = gpus.filter(gpu_type=gpu_type)
-    return gpus.aggregate(m=Max("memory_mb"))["m"] or 0
+def gpu_pools() -> GpuPools:
+    """The GPUs by type, in one query: what a submission is checked against."""
+    usable = ~Q(health=GPU.Health.FAULTY)
+    rows = GPU.objects.order_by().values("gpu_type").annotate(
+        n=Count("id", filter=usable), memory_mb=Max("memory_mb", filter=usable)
+    )
+    return GpuPools(counts={row["gpu_type"]: row["n"] for row in rows},
+                    memory_mb={row["gpu_type"]: row["memory_mb"] or 0 for row in rows})

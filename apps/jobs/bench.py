@@ -19,7 +19,7 @@ from apps.quotas.models import TeamQuota
 class BareInsertView(APIView):
     def post(self, request: Request) -> Response:
         with transaction.atomic():
-            quota = TeamQuota.objects.select_for_update().filter(team__memberships__user=request.user).first()
+            quota = TeamQuota.objects.select_for_update(of=("self",)).filter(team__memberships__user=request.user).first()
             event = AuditEvent.objects.create(action=AuditEvent.Action.USER_CHANGED, actor=request.user,
                                               target=f"bench {quota.pk if quota else '-'}")
         return Response({"id": event.pk}, status=status.HTTP_201_CREATED)

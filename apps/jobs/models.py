@@ -80,6 +80,8 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["state", "team"]),
             models.Index(fields=["team", "created_at"]),
+            # The per-user submission rate limit counts a user's jobs of the last minute on every submission.
+            models.Index(fields=["user", "created_at"]),
         ]
 
     def __str__(self) -> str:

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+import copy
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings
 from rest_framework import serializers
@@ -141,6 +142,15 @@ class JobSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+    _prototype_fields: ClassVar[dict[str, serializers.Field] | None] = None
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # A ModelSerializer introspects the model for its fields on every instantiation (a tenth of a submission's
+        # time); they are the same each time, so build them once per process and give each serializer copies.
+        if type(self).__dict__.get("_prototype_fields") is None:
+            type(self)._prototype_fields = super().get_fields()
+        return copy.deepcopy(type(self)._prototype_fields)
 
     def get_gpu_memory_gb(self, job: Job) -> float | None:
         return round(job.gpu_memory_mb / 1024, 2) if job.gpu_memory_mb is not None else None
