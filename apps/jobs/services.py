@@ -78,7 +78,7 @@ def default_preset(kind: str) -> str:
 class _Submitter:
     team: Team
     role: Role | None  # None: a site admin outside the team
-    quota: Any
+    quota: TeamQuota
     user_cap: int | None  # the user's own GPU cap in the team, if any
 
 
