@@ -1,6 +1,6 @@
-"""Jobs that misbehave, run by a real agent with --run-as nobody: each job runs as that unprivileged user in a
-private work directory, cannot snoop on another job's files, cannot leave a daemon behind, cannot flood the
-log store, and cannot break its log with binary output.
+"""Jobs that misbehave, run by a real agent with --run-as nobody --job-uids: each job runs under an unprivileged
+uid of its own (nobody's groups) in a private work directory, cannot snoop on another job's files or processes,
+cannot leave a daemon behind, cannot flood the log store, and cannot break its log with binary output.
 
 The agent must run as root to switch users: the tests that need it skip otherwise. Jobs use the system Python
 (/usr/bin/python3), which `nobody` can execute, unlike a virtual environment under /root.
@@ -23,13 +23,14 @@ import pytest
 
 from tests.integration.live import LiveCluster, create_team, gone
 from workers.agent import main as agent_main
-from workers.agent.runner import JobRunner, RunAs, resolve_run_as
+from workers.agent.runner import JobRunner, JobUids, RunAs, resolve_run_as
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 PROBE = Path(__file__).resolve().parents[1] / "integration" / "scripts" / "isolation_probe.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 CONSOLE_LOG_CAP = 6_000_000  # characters the console stores per job
 AGENT_LOG_CAP = 8_000_000  # characters the agent keeps and forwards per job attempt
+JOB_UIDS = range(3_900_000, 3_900_100)  # the agent's --job-uids: no account uses them
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a job to another user needs root")
 
@@ -82,6 +83,31 @@ def test_run_as_refuses_unknown_and_root_users():
         resolve_run_as("root")
 
 
+def test_job_uids_are_handed_out_round_robin_and_given_back():
+    uids = JobUids(100_000, 100_002)
+    assert [uids.take(), uids.take()] == [100_000, 100_001]
+    uids.give_back(100_000)
+    assert uids.take() == 100_002  # the latest given back is reused last
+    assert uids.take() == 100_000
+    with pytest.raises(OSError, match="all 3 job uids are in use"):
+        uids.take()
+
+
+def test_job_uids_refuse_bad_ranges_and_ranges_holding_accounts():
+    for text in ("abc", "5", "10-5", "0-10"):
+        with pytest.raises(SystemExit, match="--job-uids"):
+            JobUids.parse(text)
+    account = next(entry for entry in pwd.getpwall() if entry.pw_uid > 0)
+    with pytest.raises(SystemExit, match=f"holds the accounts .*{account.pw_name}"):
+        JobUids.parse(f"{account.pw_uid}-{account.pw_uid}")
+    assert JobUids.parse(f"{JOB_UIDS.start}-{JOB_UIDS.stop - 1}").first == JOB_UIDS.start
+
+
+def test_job_uids_need_run_as():
+    with pytest.raises(SystemExit, match="--job-uids needs --run-as"):
+        agent_main.main(["--job-uids", "3900000-3900009", "--simulate", "1xH200"])
+
+
 @needs_root
 @needs_nobody
 def test_run_as_refuses_a_work_dir_the_user_cannot_reach(tmp_path):
@@ -116,7 +142,8 @@ def cluster(tmp_path_factory):
                         extra_env={"CONSOLE_JOB_LOG_MAX_CHARS": str(CONSOLE_LOG_CAP),
                                    "GPU_AGENT_LOG_MAX_CHARS": str(AGENT_LOG_CAP),
                                    "CONSOLE_ARTIFACTS": (outside / "artifacts").as_uri()},
-                        agent_args=["--run-as", "nobody", "--work-dir", str(outside / "work"),
+                        agent_args=["--run-as", "nobody", "--job-uids", f"{JOB_UIDS.start}-{JOB_UIDS.stop - 1}",
+                                    "--work-dir", str(outside / "work"),
                                     "--artifacts", str(outside / "artifacts")])
     live.work_root, live.artifacts = outside / "work", outside / "artifacts"
     try:
@@ -161,21 +188,19 @@ def full_log(cluster: RunAsCluster, job_id: int) -> tuple[str, dict]:
         after = page["next"]
 
 
-def test_job_runs_as_the_run_as_user_in_a_private_dir(cluster):
+def test_job_runs_under_its_own_uid_in_a_private_dir(cluster):
     job = probe(cluster, "identity", "0")
     done = cluster.wait_state(job["id"], {"succeeded", "failed"})
     log = cluster.log(job["id"])
     assert done["state"] == "succeeded", log
     found = dict(re.findall(r"(\w+)=(\S+)", re.search(r"^identity .*$", log, re.M).group(0)))
-    assert int(found["uid"]) == NOBODY.pw_uid and int(found["gid"]) == NOBODY.pw_gid, log
+    # A uid of its own with a private group of the same number; nobody's groups (device access) besides.
+    assert int(found["uid"]) in JOB_UIDS and int(found["gid"]) == int(found["uid"]), log
     assert {int(g) for g in found["groups"].split(",")} == set(os.getgrouplist("nobody", NOBODY.pw_gid))
     assert found["home"] == found["cwd"]
     home = Path(found["cwd"])
     attempt = cluster.work_root / f"job-{job['id']}" / "attempt-1"
     assert home.parent == attempt and home.name.startswith("work-")
-    info = home.stat()
-    assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == NOBODY.pw_uid, oct(info.st_mode)
-    assert (home / "secret.txt").stat().st_uid == NOBODY.pw_uid
     # The folders above it: the agent's, traversable but not listable; the agent's files of the job: 0600.
     for folder in (cluster.work_root, attempt.parent, attempt):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o711 and folder.stat().st_uid == os.geteuid()
@@ -186,15 +211,25 @@ def test_job_runs_as_the_run_as_user_in_a_private_dir(cluster):
     assert done["steps_done"] == 7
     artifacts = {a["path"] for a in cluster.admin().get(f"/api/v1/jobs/{job['id']}/artifacts/").json()}
     assert {"outputs/hello.txt", "logs/attempt-1-node-0.log"} <= artifacts, artifacts
-    assert (cluster.artifacts / str(job["id"]) / "outputs").stat().st_uid == NOBODY.pw_uid
+    # Once it ended, the agent took its files back before reporting: the uid can go to another job.
+    outputs = cluster.artifacts / str(job["id"]) / "outputs"
+    for path in (home, home / "secret.txt", home / "tmp", outputs, outputs / "hello.txt"):
+        assert path.stat().st_uid == os.geteuid(), path
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE(outputs.stat().st_mode) == 0o700
 
 
-def test_job_cannot_list_or_read_another_jobs_files(cluster):
+def test_job_cannot_list_read_or_signal_another_jobs_files_and_processes(cluster):
     victim = probe(cluster, "identity", "600")
-    found = wait_line(cluster, victim["id"], r"^identity .* cwd=(\S+)")
-    home = Path(found.group(1))
+    found = wait_line(cluster, victim["id"], r"^identity uid=(\d+) .* cwd=(\S+) pid=(\d+)")
+    victim_uid, home, pid = int(found.group(1)), Path(found.group(2)), found.group(3)
+    info = home.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == victim_uid, oct(info.st_mode)
+    assert (home / "secret.txt").stat().st_uid == victim_uid
     attempt = cluster.work_root / f"job-{victim['id']}" / "attempt-1"
-    targets = [cluster.work_root, attempt.parent, attempt, attempt / "output.log", attempt / "command.json"]
+    targets = [cluster.work_root, attempt.parent, attempt, attempt / "output.log", attempt / "command.json",
+               cluster.artifacts / str(victim["id"]) / "outputs",
+               # Under one shared uid these would reach the victim's folder and process:
+               f"/proc/{pid}/cwd", f"/proc/{pid}/cwd/secret.txt", f"pid:{pid}"]
     snooper = probe(cluster, "snoop", *map(str, targets))
     done = cluster.wait_state(snooper["id"], {"succeeded", "failed"})
     log = cluster.log(snooper["id"])
@@ -215,7 +250,7 @@ def test_daemon_of_a_job_dies_with_it(cluster, mode):
     assert wait_line(cluster, job["id"], r"^kill-shim (\S+)").group(1) == "PermissionError"
     if mode == "stay":
         assert not gone(pid)
-        assert Path(f"/proc/{pid}").stat().st_uid == NOBODY.pw_uid
+        assert Path(f"/proc/{pid}").stat().st_uid in JOB_UIDS
         cancel(cluster, job["id"])
     else:
         assert cluster.wait_state(job["id"], {"succeeded", "failed"})["state"] == "succeeded"

@@ -19,7 +19,7 @@ from celery import Celery
 from celery.signals import worker_shutdown
 
 from workers.agent.client import AgentConfigError, ConsoleClient
-from workers.agent.runner import JobProcess, JobRunner, kill_leftover_jobs, resolve_run_as
+from workers.agent.runner import JobProcess, JobRunner, JobUids, kill_leftover_jobs, resolve_run_as
 from workers.agent.sharing import over_share
 from workers.agent.telemetry import TelemetryLoop
 from workers.broker import TRANSPORT as FILESYSTEM_TRANSPORT
@@ -69,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="USER",
                         help="run job processes as this unprivileged user (its uid, gid and groups), each in a "
                              "private work directory; the agent must run as root (env GPU_AGENT_RUN_AS)")
+    parser.add_argument("--job-uids", default=os.environ.get("GPU_AGENT_JOB_UIDS") or None, metavar="FIRST-LAST",
+                        help="with --run-as: run each job under a uid of its own from this range (no account may "
+                             "use them), so jobs cannot read each other's files or signal each other's processes "
+                             "(env GPU_AGENT_JOB_UIDS)")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -203,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent[%(name)s]: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     run_as = resolve_run_as(args.run_as)
+    job_uids = JobUids.parse(args.job_uids) if args.job_uids else None
+    if job_uids is not None and run_as is None:
+        raise SystemExit("gpu-agent: --job-uids needs --run-as USER (whose groups the jobs get)")
     token = read_token(args)
     backend = open_gpu_backend(args)
     client = ConsoleClient(args.console_url, token)
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
                        simulated=backend.kind == "simulated", grace_s=args.grace_s,
                        on_attach=attach, on_detach=detach,
                        gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
-                       mps=backend.kind == "nvml" and not args.no_mps, address=args.address, run_as=run_as)
+                       mps=backend.kind == "nvml" and not args.no_mps, address=args.address, run_as=run_as,
+                       job_uids=job_uids)
     stop = threading.Event()
     message = registration(args, backend)
     try:

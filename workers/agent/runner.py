@@ -80,6 +80,10 @@ class RunAs:
             raise SystemExit(f"gpu-agent: --run-as {name}: must name an unprivileged user, not uid 0")
         return cls(name, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(name, entry.pw_gid)))
 
+    def for_job(self, uid: int) -> RunAs:
+        """This user's groups under a job's own uid, with a private group of the same number (--job-uids)."""
+        return RunAs(f"{self.name}-{uid}", uid, uid, self.groups)
+
     def shim_options(self) -> list[str]:
         return ["--uid", str(self.uid), "--gid", str(self.gid), "--groups", ",".join(map(str, self.groups))]
 
@@ -98,6 +102,47 @@ class RunAs:
             if not self.can_search(folder):
                 return folder
         return None
+
+
+class JobUids:
+    """A range of user ids with no account, one per running job (--job-uids), handed out round robin.
+
+    Jobs under one shared user could read each other's files through /proc/PID/cwd and signal each other's
+    processes; under uids of their own they cannot. Round robin: a uid is reused as late as possible.
+    """
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+        self._next = first
+        self._in_use: set[int] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def parse(cls, text: str) -> JobUids:
+        try:
+            first, last = (int(part) for part in text.split("-"))
+        except ValueError:
+            raise SystemExit(f"gpu-agent: --job-uids {text}: expected FIRST-LAST, e.g. 200000-200999") from None
+        if not 0 < first <= last:
+            raise SystemExit(f"gpu-agent: --job-uids {text}: expected 0 < FIRST <= LAST")
+        taken = sorted(entry.pw_name for entry in pwd.getpwall() if first <= entry.pw_uid <= last)
+        if taken:
+            raise SystemExit(f"gpu-agent: --job-uids {text}: the range holds the accounts {', '.join(taken)}; "
+                             "choose uids no account uses")
+        return cls(first, last)
+
+    def take(self) -> int:
+        with self._lock:
+            for _ in range(self.last - self.first + 1):
+                uid, self._next = self._next, self._next + 1 if self._next < self.last else self.first
+                if uid not in self._in_use:
+                    self._in_use.add(uid)
+                    return uid
+        raise OSError(errno.EAGAIN, f"all {self.last - self.first + 1} job uids are in use")
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._in_use.discard(uid)
 
 
 def resolve_run_as(name: str | None) -> RunAs | None:
@@ -172,6 +217,8 @@ class JobProcess:
     # The job's own folder (cwd, HOME, progress file). `workdir` itself without a run-as user; with one, a
     # private folder inside it, so the agent's files in `workdir` stay out of the job's reach.
     home: Path | None = None
+    # Who the job's processes run as: the --run-as user, or a uid of its own (--job-uids); None: the agent.
+    user: RunAs | None = None
 
     def __post_init__(self) -> None:
         if self.home is None:
@@ -203,6 +250,7 @@ class JobRunner:
         mps: bool = False,
         address: str = "",
         run_as: RunAs | None = None,
+        job_uids: JobUids | None = None,
         log_max_chars: int | None = None,
     ) -> None:
         self.client = client
@@ -218,6 +266,9 @@ class JobRunner:
         self._lock = threading.Lock()
         self._launcher = Launcher()
         self.run_as = run_as
+        if job_uids is not None and run_as is None:
+            raise SystemExit("gpu-agent: --job-uids needs --run-as USER (whose groups the jobs get)")
+        self.job_uids = job_uids
         self.log_max_chars = log_max_chars or int(os.environ.get("GPU_AGENT_LOG_MAX_CHARS") or LOG_MAX_CHARS)
         self.work_root.mkdir(parents=True, exist_ok=True)
         if run_as is not None:
@@ -254,10 +305,12 @@ class JobRunner:
                                run_as.name, what, path)
 
     def start(self, dispatch: Dispatch) -> str:
-        """Start a dispatched job. Returns "started", "duplicate" or "refused"; never raises for a bad job."""
+        """Start a dispatched job. Returns "started", "duplicate", "refused" or "busy" (no job uid free); never
+        raises for a bad job."""
         job = JobProcess(dispatch, self._workdir(dispatch))
         if self.run_as is not None:
             job.home = job.workdir / f"work-{secrets.token_hex(8)}"  # not guessable from the job id
+            job.user = self.run_as
         index = dispatch.gpu_indices[0] if dispatch.gpu_indices else 0
         job.limits = share_limits(dispatch, self.gpus.get(index, ("", 0))[1], mps=self.mps.enabled,
                                   simulated=self.simulated)
@@ -265,6 +318,14 @@ class JobRunner:
             if job.key in self._jobs:
                 return "duplicate"
             self._jobs[job.key] = job  # listed in heartbeats from now on, so the console never sees it missing
+        if self.job_uids is not None:
+            try:
+                job.user = self.run_as.for_job(self.job_uids.take())
+            except OSError as exc:
+                # Not reported as started: the console sends the dispatch again (CONSOLE_REDISPATCH_AFTER_S).
+                logger.error("job %s not started: %s", dispatch.job_id, exc)
+                self._forget(job)
+                return "busy"
         try:
             reply = self.client.report(
                 dispatch.job_id,
@@ -313,27 +374,46 @@ class JobRunner:
     def _forget(self, job: JobProcess) -> None:
         with self._lock:
             self._jobs.pop(job.key, None)
+        if self.job_uids is not None and job.user is not None and job.user is not self.run_as:
+            self.job_uids.give_back(job.user.uid)
 
     def _make_dirs(self, job: JobProcess) -> None:
         job.workdir.mkdir(parents=True, exist_ok=True)
-        run_as = self.run_as
-        if run_as is None:
+        user = job.user
+        if user is None:
             return
         assert job.home is not None
         for folder in (job.workdir.parent, job.workdir):  # job-N/attempt-M: the agent's, traversable only
             folder.chmod(0o711)
-        job.home.mkdir(mode=0o700)
-        os.chown(job.home, run_as.uid, run_as.gid)
-        job.home.chmod(0o700)
-        # The job writes its checkpoints and outputs itself: give it those two folders of its artifacts.
+        for folder in (job.home, job.home / "tmp"):  # its own temporary folder too (TMPDIR)
+            folder.mkdir(mode=0o700)
+            os.chown(folder, user.uid, user.gid)
+            folder.chmod(0o700)
+        # The job writes its checkpoints and outputs itself: give it those two folders of its artifacts, with
+        # what earlier attempts left there (a resumed attempt may run under another uid).
         try:
-            for name in ("checkpoints", "outputs"):
-                folder = self.artifacts_root / str(job.dispatch.job_id) / name
+            for folder in self._artifact_folders(job):
                 folder.mkdir(parents=True, exist_ok=True)
-                os.chown(folder, run_as.uid, run_as.gid, follow_symlinks=False)
+                _chown_tree(folder, user.uid, user.gid)
+                folder.chmod(0o700)
         except OSError as exc:
-            logger.warning("job %s: could not give %s its artifact folders: %s", job.dispatch.job_id, run_as.name,
+            logger.warning("job %s: could not give %s its artifact folders: %s", job.dispatch.job_id, user.name,
                            exc)
+
+    def _artifact_folders(self, job: JobProcess) -> list[Path]:
+        return [self.artifacts_root / str(job.dispatch.job_id) / name for name in ("checkpoints", "outputs")]
+
+    def _reclaim(self, job: JobProcess) -> None:
+        """Take back what a job with a uid of its own left behind, before that uid can go to another job."""
+        if job.user is None or job.user is self.run_as or job.home is None:
+            return
+        for folder in [job.home, *self._artifact_folders(job)]:
+            try:
+                if folder.exists():
+                    _chown_tree(folder, os.geteuid(), os.getegid())
+            except OSError as exc:
+                logger.warning("job %s: could not take back %s from uid %s: %s", job.dispatch.job_id, folder,
+                               job.user.uid, exc)
 
     def _run(self, job: JobProcess) -> None:
         dispatch = job.dispatch
@@ -354,7 +434,7 @@ class JobRunner:
                 raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
             shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
                     "--stop-file", str(job.workdir / "stop-grace"),
-                    *(self.run_as.shim_options() if self.run_as else []), "--"]
+                    *(job.user.shim_options() if job.user else []), "--"]
             job.process = self._launcher.popen(
                 [*shim, *argv], cwd=job.home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -403,6 +483,7 @@ class JobRunner:
 
     def _finish(self, job: JobProcess, status: JobStatus) -> None:
         self._send_log(job, f"[agent] {status.state}: {status.reason}\n")
+        self._reclaim(job)  # its processes are gone: before the console hears the end, take its files back
         try:
             self._save_log_artifact(job)
             self.client.report(job.dispatch.job_id, status)
@@ -579,8 +660,8 @@ class JobRunner:
             CONSOLE_OUTPUT_DIR=str(job_artifacts / "outputs"),
             PYTHONUNBUFFERED="1",
         )
-        if self.run_as is not None:
-            env.update(HOME=str(job.home), USER=self.run_as.name, LOGNAME=self.run_as.name)
+        if job.user is not None:
+            env.update(HOME=str(job.home), USER=job.user.name, LOGNAME=job.user.name, TMPDIR=str(job.home / "tmp"))
         if dispatch.max_steps:
             env["CONSOLE_MAX_STEPS"] = str(dispatch.max_steps)
         else:
@@ -600,6 +681,14 @@ class JobRunner:
         """job id -> GPU memory limit (MiB) of the running fractional jobs."""
         with self._lock:
             return {job.dispatch.job_id: job.limits.memory_mb for job in self._jobs.values() if job.limits}
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    """chown `root` and everything under it, never following a link (a job may plant them)."""
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for folder, dirs, files in os.walk(root):  # does not descend into linked folders
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -2,7 +2,7 @@
 unprivileged user, under a system Python that user can execute.
 
     identity SECONDS     print who it runs as and where, write progress and an output, then sleep
-    snoop PATH...        try to list or read each path; print what happened
+    snoop PATH...        try to list or read each path (pid:N: signal process N); print what happened
     daemon exit|stay     start a daemon (double fork + setsid) that sleeps forever; try to kill the shim
     flood                print forever as fast as it can, counting blocks in ./count
     garbage CODE         print random bytes, invalid UTF-8, NULs and one 5 MB line, then exit with CODE
@@ -30,7 +30,10 @@ def identity(seconds: float) -> None:
 def snoop(paths: list[str]) -> None:
     for path in paths:
         try:
-            if os.path.isdir(path):
+            if path.startswith("pid:"):  # may it signal that process?
+                os.kill(int(path[4:]), 0)
+                what = "signalled"
+            elif os.path.isdir(path):
                 what = f"listed {len(os.listdir(path))} entries"
             else:
                 with open(path, "rb") as handle:
