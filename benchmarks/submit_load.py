@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -116,8 +117,20 @@ def main() -> None:
         registration = {"host": "bench-host", "agent_version": "bench", "protocol": 1, "simulated": True,
                         "gpus": [{"index": i, "uuid": f"GPU-bench-{i}", "name": "Simulated NVIDIA H200",
                                   "gpu_type": "H200", "memory_mb": 143771} for i in range(16)]}
-        httpx.post(f"{url}/api/v1/agent/register/", json=registration,
-                   headers={"Authorization": f"Host {host_token}"}, timeout=10).raise_for_status()
+        host_headers = {"Authorization": f"Host {host_token}"}
+        httpx.post(f"{url}/api/v1/agent/register/", json=registration, headers=host_headers,
+                   timeout=10).raise_for_status()
+        # The host's heartbeats, as its agent would send them: without them it is marked down after 30 s and
+        # the jobs placed on it are requeued, which would hide what the run left placed.
+        beating = threading.Event()
+
+        def heartbeat() -> None:
+            while not beating.wait(5):
+                with contextlib.suppress(httpx.HTTPError):
+                    httpx.post(f"{url}/api/v1/agent/heartbeat/", json={"running": []}, headers=host_headers,
+                               timeout=10)
+
+        threading.Thread(target=heartbeat, daemon=True).start()
         results = {}
         job = json.dumps({"name": "load", "team": "load", "gpus": 1, "workload": {"builtin": "mlp-digits"}})
         for name, path, body in [("bare row-locked insert", "/api/v1/bench/bare-insert/", "{}"),
@@ -141,6 +154,8 @@ def main() -> None:
             cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
         jobs, held, doubled, ordered = re.search(r"CHECK (\d+) ([\d.]+) (\d+) (\w+)", check).groups()
     finally:
+        with contextlib.suppress(NameError):
+            beating.set()
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, 15)
