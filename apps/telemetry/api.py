@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.api import IsSiteAdmin
 from apps.cluster.agent_api import AgentView
+from apps.core.schema import ErrorSerializer
 from apps.telemetry import alerts, selectors, services, tickets
 from apps.telemetry.models import Alert, AlertRule
 from apps.telemetry.serializers import AlertRuleSerializer, AlertSerializer
@@ -76,9 +77,12 @@ class AlertRuleViewSet(viewsets.ModelViewSet):
 class WsTicketView(APIView):
     """A one-time ticket (valid 30 s) to open a websocket as `?ticket=…`: never put the API token in a URL."""
 
-    @extend_schema(request=None, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=None, responses={201: OpenApiTypes.OBJECT, 503: ErrorSerializer})
     def post(self, request: Request) -> Response:
         ticket = tickets.issue(request.user)
+        if ticket is None:
+            return Response({"detail": "Live updates are unavailable right now (the cache is down); try again "
+                                       "shortly."}, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"})
         return Response({"ticket": ticket, "expires_in": tickets.TICKET_TTL_S}, status=status.HTTP_201_CREATED)
 
 

@@ -1,17 +1,20 @@
 """Websockets: /ws/cluster/ (every GPU you may see, about once a second, plus job, queue and alert events) and
 /ws/jobs/<id>/ (one job: state, log lines, progress, its GPUs). Close codes: 4401 not logged in, 4403 no access,
-4404 no such job (or not yours)."""
+4404 no such job (or not yours), 1013 the channel layer (Redis) is down: try again later."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.telemetry.hub import Outgoing, cancel_task, hub
+
+logger = logging.getLogger(__name__)
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -25,9 +28,16 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.user_id = user.pk
         if not await self.recheck_access(initial=True):
             return
+        try:
+            # The user's group carries role changes (access_changed): without it a revoked user would keep the
+            # socket, so no group, no socket.
+            await self.channel_layer.group_add(f"user.{self.user_id}", self.channel_name)
+        except Exception as exc:  # noqa: BLE001 - the channel layer's server (Redis) is down: the page retries
+            logger.warning("live socket of user %s refused: the channel layer is unavailable: %s", self.user_id, exc)
+            await self.close(code=1013)  # try again later
+            return
         self.outgoing = Outgoing()
         await self.accept()
-        await self.channel_layer.group_add(f"user.{self.user_id}", self.channel_name)
         self.sender = asyncio.get_running_loop().create_task(self._send_forever())
         hub.add(self)
 
@@ -35,7 +45,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         hub.discard(self)
         await cancel_task(getattr(self, "sender", None))
         if hasattr(self, "user_id"):
-            await self.channel_layer.group_discard(f"user.{self.user_id}", self.channel_name)
+            try:
+                await self.channel_layer.group_discard(f"user.{self.user_id}", self.channel_name)
+            except Exception as exc:  # noqa: BLE001 - Redis down: its group entries expire on their own
+                logger.info("could not leave the group of user %s: %s", self.user_id, exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if text_data and text_data.strip() == '{"type": "ping"}':

@@ -13,9 +13,13 @@ def _key(ticket: str) -> str:
     return f"ws-ticket:{ticket}"
 
 
-def issue(user) -> str:
+def issue(user) -> str | None:
+    """A new ticket for `user`; None when the cache could not keep it (Redis down: a dead ticket would only be
+    refused as "not logged in" a moment later)."""
     ticket = secrets.token_urlsafe(24)
     cache.set(_key(ticket), user.pk, timeout=TICKET_TTL_S)
+    if cache.get(_key(ticket)) != user.pk:
+        return None
     return ticket
 
 

@@ -87,6 +87,29 @@ def test_redis_restart_loses_no_job_and_runs_none_twice(cluster):
                                                                 "workload": queued[0]["workload"]})
         assert response.status_code == 201, response.text
         during.append(response.json())
+    # While Redis is down: an API client gets no ticket (503, not a dead ticket), and a page opening its socket
+    # is turned away at once (the page retries) without a traceback: the socket needs the user's group, which
+    # carries role changes, and the group lives in Redis.
+    assert cluster.admin().post("/api/v1/ws-ticket/").status_code == 503
+    web_log = cluster.base / "web.log"
+    log_before = web_log.stat().st_size
+    started = time.monotonic()
+    page = browser_session(cluster)
+    cookies = "; ".join(f"{name}={value}" for name, value in page.cookies.items())
+
+    def open_page_socket() -> None:
+        with connect(f"ws://127.0.0.1:{cluster.port}/ws/cluster/", open_timeout=5,
+                     additional_headers={"Cookie": cookies, "Origin": cluster.url}) as socket:
+            socket.recv(timeout=5)
+
+    with pytest.raises(Exception) as refused:  # noqa: PT011 - websockets raises InvalidStatus or ConnectionClosed
+        open_page_socket()
+    assert time.monotonic() - started < 8, f"the socket hung instead of being refused: {refused.value!r}"
+    with web_log.open(errors="replace") as handle:
+        handle.seek(log_before)
+        during_log = handle.read()
+    # (The cache logs its ignored errors with their tracebacks; none may come from the socket's code.)
+    assert "channel layer is unavailable" in during_log and "apps/telemetry/" not in during_log, during_log[-3000:]
     time.sleep(max(0.0, 5 - (time.monotonic() - down_at)))
     cluster.redis.start()
     up_at = time.monotonic()
