@@ -134,7 +134,8 @@ def test_overheating_gpu_alerts_within_35_s_takes_no_jobs_and_recovers_when_cool
     cluster.inject("tm-f", {0: "overheat"})
     alert = cluster.wait_for(lambda: [a for a in alerts(cluster, state="firing") if "°C" in a["message"]],
                              timeout=40, what="the temperature alert", interval=0.5)[0]
-    assert time.monotonic() - injected < 35
+    latency = time.monotonic() - injected
+    assert latency < 35, f"the alert came {latency:.1f} s after the fault"
     assert alert["host"] == "tm-f" and gpu_health(cluster, "tm-f", 0) == "hot"
     job = cluster.rita.post("/api/v1/jobs/", json={
         "name": "needs-two-h100", "team": "red", "gpus": 2, "gpu_type": "H100",

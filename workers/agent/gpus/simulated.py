@@ -17,7 +17,7 @@ Faults, for tests and demos: ``inject(index, "overheat" | "stuck" | "xid" | "xid
 ``clear(index)``, or a JSON file (``fault_file``) that is re-read whenever it changes, e.g.
 ``{"0": "overheat", "3": ["stuck"], "5": "xid:48", "1": "clear"}``.
 
-* overheat: a cooling failure; the temperature passes 90 C within ~5 s and stays until cleared, with thermal
+* overheat: a cooling failure; the temperature passes 90 C within ~3 s and stays until cleared, with thermal
   slowdown reasons and a halved SM clock; after ``clear`` it cools down with the normal lag.
 * stuck: the GPU stops answering; samples have ``available=False`` until cleared.
 * xid: one XidEvent (default code 79). Xid 79 ("GPU has fallen off the bus") also makes the GPU stop
@@ -58,7 +58,7 @@ _UUID_NAMESPACE = uuidlib.UUID("6f1c2a4e-9b1d-4c55-8a53-5d0c1e0b7a11")
 AMBIENT_C = 30.0
 FULL_LOAD_RISE_C = 45.0  # at TDP the steady-state temperature is ambient + 45 = 75 C
 OVERHEAT_TARGET_C = 98.0
-OVERHEAT_TAU_S = 2.0
+OVERHEAT_TAU_S = 1.0
 CONTEXT_MB = 500
 # utilization = 100 x (1 - exp(-cores / CORE_SCALE)): 1 busy core ~ 96 %, half a core ~ 81 %, 0.1 core ~ 28 %
 CORE_SCALE = 0.3
