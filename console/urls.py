@@ -51,6 +51,8 @@ if settings.BENCHMARK_ENDPOINTS:
 
     api_v1.insert(0, path("bench/bare-insert/", BareInsertView.as_view(), name="bench-bare-insert"))
 
+handler404 = "apps.core.views.not_found"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", telemetry_metrics.metrics_view, name="metrics"),

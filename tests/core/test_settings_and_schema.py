@@ -82,3 +82,12 @@ def test_database_outage_answers_503(world, client_for, monkeypatch):
     monkeypatch.setattr(api.selectors, "jobs_visible_to", broken)
     response = client_for(world.member).get("/api/v1/jobs/")
     assert response.status_code == 503 and "unavailable" in response.json()["detail"]
+
+
+def test_urls_matching_no_route_answer_json_under_the_api_and_html_elsewhere(client_for, world):
+    api = client_for(world.member)
+    for path in ("/api/v1/teams/Hosts%20by%20state./", "/api/v1/no-such-thing/", "/serve/a.b/c/predict"):
+        response = api.get(path)
+        assert response.status_code == 404 and response.json() == {"detail": "Not found."}, path
+    page = api.get("/no-such-page/")
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
