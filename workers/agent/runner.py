@@ -250,7 +250,7 @@ class JobRunner:
         mps: bool = False,
         address: str = "",
         run_as: RunAs | None = None,
-        job_uids: JobUids | None = None,
+        job_uids: JobUids | None = None,  # with run_as only (the agent checks it at start)
         log_max_chars: int | None = None,
     ) -> None:
         self.client = client
@@ -266,8 +266,6 @@ class JobRunner:
         self._lock = threading.Lock()
         self._launcher = Launcher()
         self.run_as = run_as
-        if job_uids is not None and run_as is None:
-            raise SystemExit("gpu-agent: --job-uids needs --run-as USER (whose groups the jobs get)")
         self.job_uids = job_uids
         self.log_max_chars = log_max_chars or int(os.environ.get("GPU_AGENT_LOG_MAX_CHARS") or LOG_MAX_CHARS)
         self.work_root.mkdir(parents=True, exist_ok=True)
@@ -374,7 +372,7 @@ class JobRunner:
     def _forget(self, job: JobProcess) -> None:
         with self._lock:
             self._jobs.pop(job.key, None)
-        if self.job_uids is not None and job.user is not None and job.user is not self.run_as:
+        if self._has_own_uid(job):
             self.job_uids.give_back(job.user.uid)
 
     def _make_dirs(self, job: JobProcess) -> None:
@@ -403,9 +401,13 @@ class JobRunner:
     def _artifact_folders(self, job: JobProcess) -> list[Path]:
         return [self.artifacts_root / str(job.dispatch.job_id) / name for name in ("checkpoints", "outputs")]
 
+    def _has_own_uid(self, job: JobProcess) -> bool:
+        """Whether the job runs under a uid of its own (--job-uids), not the shared --run-as user."""
+        return self.job_uids is not None and job.user is not None and job.user is not self.run_as
+
     def _reclaim(self, job: JobProcess) -> None:
         """Take back what a job with a uid of its own left behind, before that uid can go to another job."""
-        if job.user is None or job.user is self.run_as or job.home is None:
+        if not self._has_own_uid(job) or job.home is None:
             return
         for folder in [job.home, *self._artifact_folders(job)]:
             try:
