@@ -45,9 +45,14 @@ def runs_of(cluster: LiveCluster, job_id: int) -> tuple[int, int]:
     return sum(line.startswith("start") for line in lines), sum(line.startswith("done") for line in lines)
 
 
-def job_pid(cluster: LiveCluster, job_id: int) -> int:
-    found = cluster.wait_for(lambda: re.findall(r"proc pid=(\d+)", cluster.log(job_id)), timeout=30,
-                             what=f"job {job_id}'s process to start")
+def job_pid(cluster: LiveCluster, job_id: int, attempt: int = 1) -> int:
+    """The pid of the job's process for `attempt`, once that process has written down its start.
+
+    The log keeps earlier attempts' lines, and the job reads "running" as soon as the agent has spawned the
+    process, before Python has even started it: waiting for this attempt's own line is what makes a kill
+    that follows land on a process that is really running."""
+    found = cluster.wait_for(lambda: re.findall(rf"proc pid=(\d+) attempt={attempt}\b", cluster.log(job_id)),
+                             timeout=30, what=f"job {job_id}'s process (attempt {attempt}) to start")
     return int(found[-1])
 
 

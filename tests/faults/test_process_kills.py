@@ -53,6 +53,17 @@ def test_kill_9_of_the_job_process_fails_it_with_the_signal_and_frees_its_gpu(cl
     record_fault("kill -9 of a job's process", f"job failed: {done['failure_reason']}", took, 0)
 
 
+@pytest.fixture
+def agents_back(cluster):
+    """Whatever the test did to the agents, the next test finds both up (systemd's Restart=always)."""
+    yield
+    for name in cluster.agents:
+        if cluster.processes[f"agent-{name}"].poll() is not None:
+            cluster.start_agent(name)
+    cluster.wait_for(lambda: cluster._hosts_up() == len(cluster.agents), timeout=60, what="both agents to come back")
+
+
+@pytest.mark.usefixtures("agents_back")
 def test_kill_9_of_an_agent_requeues_within_retries_then_fails(cluster):
     job = counted_job(cluster, 600, name="on-dying-hosts", max_retries=1)
     first = cluster.wait_state(job["id"], {"running"})
@@ -72,7 +83,7 @@ def test_kill_9_of_an_agent_requeues_within_retries_then_fails(cluster):
     assert any("requeued, retry 1 of 1" in reason for reason in events), events
     record_fault("kill -9 of a host agent (job with 1 retry)", f"requeued, ran again on {other}", requeue_took, 0)
 
-    pid = job_pid(cluster, job["id"])
+    pid = job_pid(cluster, job["id"], attempt=2)
     killed_at = time.monotonic()
     cluster.kill(f"agent-{other}")
     done = cluster.wait_state(job["id"], {"failed"}, timeout=60)
@@ -82,9 +93,6 @@ def test_kill_9_of_an_agent_requeues_within_retries_then_fails(cluster):
     assert held_gpus(cluster, job["id"]) == 0
     assert runs_of(cluster, job["id"]) == (2, 0)
     record_fault("kill -9 of the second agent (retries used up)", "job failed: host lost", took, 0)
-    for name in (host, other):
-        cluster.start_agent(name)
-    cluster.wait_for(lambda: cluster._hosts_up() == 2, timeout=60, what="both agents to come back")
     assert_ledger_holds(cluster)
 
 
