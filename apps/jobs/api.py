@@ -15,7 +15,13 @@ from apps.core.schema import ErrorSerializer
 from apps.jobs import selectors, services
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation
-from apps.jobs.serializers import CancelSerializer, JobEventSerializer, JobSerializer, JobSubmitSerializer
+from apps.jobs.serializers import (
+    CancelSerializer,
+    JobEventSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    submitted_job_data,
+)
 from workers.runtime.artifacts import artifact_store_from_url
 from workers.runtime.catalog import PRESETS, WORKLOADS
 
@@ -74,10 +80,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise PermissionDenied(str(exc)) from None
         except JobRateLimited as exc:
             raise Throttled(wait=60, detail=str(exc)) from None
-        # The job as created: queued, no GPUs yet (reading it back through the visibility query cost a quarter
-        # of the request).
-        job._prefetched_objects_cache = {"allocations": JobAllocation.objects.none()}
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        # The job as created (reading it back through the visibility query cost a quarter of the request).
+        return Response(submitted_job_data(job), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=CancelSerializer, responses={200: JobSerializer, 409: ErrorSerializer})
     @action(detail=True, methods=["post"])

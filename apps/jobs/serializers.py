@@ -162,6 +162,35 @@ class JobSerializer(serializers.ModelSerializer):
         return AllocationSerializer(active, many=True).data
 
 
+_DATETIME = serializers.DateTimeField(read_only=True)
+
+
+def submitted_job_data(job: Job) -> dict[str, Any]:
+    """`JobSerializer(job).data` for a job just submitted (queued, no GPUs), built directly.
+
+    Submission answers with the job it queued, and DRF's per-field machinery (copying 32 fields, then one call
+    chain per field) cost a sixth of the request. tests/jobs pins this to JobSerializer's output, field by field.
+    """
+
+    def when(value: Any) -> str | None:
+        return None if value is None else _DATETIME.to_representation(value)
+
+    return {
+        "id": job.id, "name": job.name, "team": job.team.slug, "user": job.user.username, "kind": job.kind,
+        "gpus": float(job.gpus_requested),
+        "gpu_memory_gb": round(job.gpu_memory_mb / 1024, 2) if job.gpu_memory_mb is not None else None,
+        "gpu_type": job.gpu_type, "priority": job.priority, "preset": job.preset, "workload": job.workload,
+        "max_steps": job.max_steps, "time_limit_minutes": job.time_limit_minutes, "max_retries": job.max_retries,
+        "state": job.state, "pending_reason": job.pending_reason, "queue_position": job.queue_position,
+        "estimated_start": when(job.estimated_start), "exit_code": job.exit_code,
+        "failure_reason": job.failure_reason, "attempts": job.attempts, "preemption_count": job.preemption_count,
+        "steps_done": job.steps_done, "steps_per_second": job.steps_per_second,
+        "samples_per_second": job.samples_per_second, "last_loss": job.last_loss, "runtime_info": job.runtime_info,
+        "allocations": [], "created_at": when(job.created_at), "placed_at": when(job.placed_at),
+        "started_at": when(job.started_at), "finished_at": when(job.finished_at),
+    }
+
+
 class JobEventSerializer(serializers.ModelSerializer):
     actor = serializers.CharField(source="actor.username", read_only=True, default=None)
 

@@ -167,3 +167,14 @@ def test_the_created_answer_is_the_job_as_reading_it_back_shows_it(world, client
     client = client_for(world.member)
     created = client.post("/api/v1/jobs/", train_spec(team="vision"), format="json").json()
     assert created == client.get(f"/api/v1/jobs/{created['id']}/").json()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"gpus": 0.25, "gpu_memory_gb": 20, "max_steps": 50, "priority": "low"}])
+def test_the_submit_answer_is_the_job_as_the_api_shows_it(world, client_for, overrides):
+    """The 201's body is built without DRF's serializer (see submitted_job_data); it must stay the same document."""
+    client = client_for(world.member)
+    created = client.post("/api/v1/jobs/", train_spec(**overrides), format="json")
+    assert created.status_code == 201, created.content
+    shown = client.get(f"/api/v1/jobs/{created.json()['id']}/").json()
+    assert list(created.json()) == list(shown)
+    assert created.json() == shown
