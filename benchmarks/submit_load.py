@@ -67,6 +67,26 @@ def parse_wrk(text: str) -> dict[str, float]:
     return found
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU time used so far by the processes that serve a request, by kind (from /proc: Linux only)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = ("web (uvicorn)" if "uvicorn" in command or "multiprocessing" in command
+                else "celery worker" if "celery" in command else "postgres" if command.startswith("postgres")
+                else "redis" if command.startswith("redis-server") else None)
+        if kind:
+            used[kind] = used.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=int, default=20)
@@ -139,9 +159,14 @@ def main() -> None:
             time.sleep(3)  # requests still queued in the server from the previous phase finish first
             script = base / "post.lua"
             script.write_text(LUA.format(token=token, body=body))
+            before = cpu_seconds()
             out = subprocess.run(["wrk", f"-t{min(2, args.connections)}", f"-c{args.connections}", f"-d{args.duration}s", "--latency",
                                   "-s", str(script), f"{url}{path}"], capture_output=True, text=True, check=True)
             results[name] = parse_wrk(out.stdout)
+            after = cpu_seconds()
+            results[name]["cpu_ms_per_request"] = {
+                kind: round(1000 * (after[kind] - before.get(kind, 0.0)) / max(results[name]["requests"], 1), 2)
+                for kind in after}
         time.sleep(3)  # let the last passes run
         check = subprocess.run([*manage, "shell", "-c", (
             "from django.db.models import Count, Sum, F, Q\n"
@@ -176,6 +201,10 @@ def main() -> None:
     for name, row in results.items():
         print(f"{name:30} {row['rps']:8.1f} {row.get('p50_ms', 0):8.1f} {row.get('p90_ms', 0):8.1f} "
               f"{row.get('p99_ms', 0):8.1f} {row['non_2xx']:8d}")
+    for name, row in results.items():
+        cpu = row["cpu_ms_per_request"]
+        print(f"  CPU per request, {name}: {sum(cpu.values()):.1f} ms ("
+              + ", ".join(f"{kind} {ms:.1f}" for kind, ms in sorted(cpu.items())) + ")")
     print(f"submit / bare throughput: {summary['ratio']:.2f}x (target ≥ 0.8x, p99 < 250 ms)")
     print(f"after the run: {jobs} jobs, team holds {held} of 8 GPUs, {doubled} GPUs double-booked, "
           f"queue order consistent: {ordered}")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from django.db import connection
@@ -38,6 +39,19 @@ class GpuPools:
         return self.memory_mb.get(gpu_type, 0) if gpu_type else max(self.memory_mb.values(), default=0)
 
 
+# The GPUs by type: how many are usable (not faulty) and the largest memory among those.
+_POOLS_SQL = f"""
+    SELECT gpu_type, SUM(CASE WHEN health <> %s THEN 1 ELSE 0 END) AS n,
+           MAX(CASE WHEN health <> %s THEN memory_mb END) AS memory_mb
+    FROM {GPU._meta.db_table} GROUP BY gpu_type"""
+_POOLS_PARAMS = [GPU.Health.FAULTY, GPU.Health.FAULTY]
+
+
+def _pools(rows) -> GpuPools:
+    return GpuPools(counts={gpu_type: int(n) for gpu_type, n, _ in rows},
+                    memory_mb={gpu_type: memory_mb or 0 for gpu_type, _, memory_mb in rows})
+
+
 def gpu_pools() -> GpuPools:
     """The GPUs by type, in one query: what a submission is checked against.
 
@@ -45,10 +59,17 @@ def gpu_pools() -> GpuPools:
     three times as much Python as the query took in the database.
     """
     with connection.cursor() as cursor:
-        cursor.execute(f"""
-            SELECT gpu_type, SUM(CASE WHEN health <> %s THEN 1 ELSE 0 END),
-                   MAX(CASE WHEN health <> %s THEN memory_mb END)
-            FROM {GPU._meta.db_table} GROUP BY gpu_type""", [GPU.Health.FAULTY, GPU.Health.FAULTY])
-        rows = cursor.fetchall()
-    return GpuPools(counts={gpu_type: int(n) for gpu_type, n, _ in rows},
-                    memory_mb={gpu_type: memory_mb or 0 for gpu_type, _, memory_mb in rows})
+        cursor.execute(_POOLS_SQL, _POOLS_PARAMS)
+        return _pools(cursor.fetchall())
+
+
+def gpu_pools_subquery() -> tuple[str, list[str]]:
+    """`gpu_pools` as a scalar subquery giving JSON (SQL and parameters), to read in a caller's own statement."""
+    aggregate, row = (("json_agg", "json_build_array") if connection.vendor == "postgresql"
+                      else ("json_group_array", "json_array"))
+    return f"(SELECT {aggregate}({row}(p.gpu_type, p.n, p.memory_mb)) FROM ({_POOLS_SQL}) p)", _POOLS_PARAMS
+
+
+def gpu_pools_from_json(value: str | list | None) -> GpuPools:
+    """The pools from what `gpu_pools_subquery` gave (a string, or a list where the driver decoded it)."""
+    return _pools(json.loads(value) if isinstance(value, str) else value or [])
