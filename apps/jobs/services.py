@@ -569,13 +569,15 @@ def request_scheduler_pass() -> None:
 
     def enqueue() -> None:
         global _pass_enqueued_at
-        # This process enqueued a pass within the second: it runs after this commit (countdown=1) and will see
-        # the job, so skip even the shared cache's round trip (a burst of submissions).
+        # A pass was requested within the second, by this process or (the shared key) another one: it runs after
+        # this commit (countdown=1) and will see the job, so skip even the shared cache's round trip in a burst.
+        # A job committed after that pass started waits at most for beat's pass, a second later.
         if time.monotonic() - _pass_enqueued_at < 1.0:
             return
-        if not cache.add("jobs:scheduler-pass-requested", 1, timeout=1):
-            return
+        requested_here = cache.add("jobs:scheduler-pass-requested", 1, timeout=1)
         _pass_enqueued_at = time.monotonic()
+        if not requested_here:
+            return
         try:
             from apps.jobs.tasks import scheduler_pass
 
