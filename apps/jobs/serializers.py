@@ -91,6 +91,12 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     max_retries = serializers.IntegerField(min_value=0, max_value=3, required=False, default=0)
 
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # DRF deep-copies the declared fields for every serializer, rebuilding each field and its validators: a
+        # third of validating a submission. These fields keep no state of their own beyond what binding sets on
+        # the copy (no child fields, validators never changed after __init__), so shallow copies are enough.
+        return {name: copy.copy(field) for name, field in self._declared_fields.items()}
+
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         gpus: Decimal = data["gpus"]
         if gpus >= 1 and gpus != gpus.to_integral_value():
