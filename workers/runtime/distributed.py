@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 
@@ -14,6 +15,11 @@ from .env import RuntimeEnv
 log = logging.getLogger("workers.runtime")
 
 _control_group: dist.ProcessGroup | None = None
+# any_rank's flag goes through this one tensor, which Python holds until the group is left. A tensor made for
+# each call could be freed last by a gloo worker thread after the call returned; when that happens while the
+# interpreter is finalizing, the thread's GIL request ends it through pthread_exit and the rank dies of
+# "terminate called without an active exception" (SIGABRT) after its work is done.
+_flag: torch.Tensor | None = None
 
 
 def pick_device(env: RuntimeEnv) -> torch.device:
@@ -55,13 +61,16 @@ def any_rank(flag: bool) -> bool:
     """True if `flag` is true on any rank (every rank must call this at the same point)."""
     if not (dist.is_available() and dist.is_initialized()):
         return flag
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
-    return bool(tensor.item())
+    global _flag
+    if _flag is None:
+        _flag = torch.zeros(1, dtype=torch.int32)
+    _flag.fill_(1 if flag else 0)
+    dist.all_reduce(_flag, op=dist.ReduceOp.MAX, group=_control_group)
+    return bool(_flag.item())
 
 
 def shutdown() -> None:
-    global _control_group
+    global _control_group, _flag
     if dist.is_available() and dist.is_initialized():
         # Leave together: under gloo a rank that tears its connections down while a peer is still in its
         # last collective makes that peer abort (SIGABRT, seen in CI). A peer that already died makes the
@@ -71,4 +80,7 @@ def shutdown() -> None:
         except RuntimeError as exc:
             log.warning("leaving the process group without its peers: %s", exc)
         dist.destroy_process_group()
-    _control_group = None
+    _control_group = _flag = None
+    # What holds the group's backend only through reference cycles (model wrappers, their hooks) goes now, so
+    # its threads are joined while the interpreter is whole rather than during finalization.
+    gc.collect()
