@@ -175,14 +175,14 @@ def main() -> None:
         job = json.dumps({"name": "load", "team": "load", "gpus": 1, "workload": {"builtin": "mlp-digits"}})
         for name, path, body in [("bare row-locked insert", "/api/v1/bench/bare-insert/", "{}"),
                                  ("submit (POST /api/v1/jobs/)", "/api/v1/jobs/", job)]:
-            time.sleep(3)  # requests still queued in the server from the previous phase finish first
             script = base / "post.lua"
             script.write_text(LUA.format(tokens=", ".join(f'"{token}"' for token in tokens), body=body))
             wrk = ["wrk", f"-t{min(2, args.connections)}", f"-c{args.connections}", "--latency", "-s", str(script)]
             # Warm-up, not counted: each web worker fills its connection pool and caches first (the first
-            # phase's p99 was otherwise the servers' start, not the endpoint).
+            # phase's p99 was otherwise the servers' start, not the endpoint), and what the previous phase left
+            # queued in the server is served meanwhile.
             subprocess.run([*wrk, f"-d{args.warmup}s", f"{url}{path}"], capture_output=True, check=True)
-            time.sleep(1)
+            time.sleep(3)  # the warm-up's own requests still queued in the server finish before the measurement
             before = cpu_seconds()
             out = subprocess.run([*wrk, f"-d{args.duration}s", f"{url}{path}"], capture_output=True, text=True,
                                  check=True)
