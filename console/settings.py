@@ -6,6 +6,7 @@ CONSOLE_MODE=production demands a secret key, allowed hosts and a real database,
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -119,7 +120,11 @@ if DATABASE_URL:
             "reconnect_timeout": 10,
         }
 else:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The embedded state (database, broker, tokens, artifacts) is the console's and its agent's alone: jobs,
+    # which run under other uids, must not read it (nor any other local user).
+    if VAR_DIR.stat().st_uid == os.geteuid():
+        VAR_DIR.chmod(0o700)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",

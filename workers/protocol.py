@@ -112,6 +112,37 @@ class Registration:
 
 
 @dataclass(frozen=True)
+class JobIsolation:
+    """How an attempt is kept apart from its host and the other jobs; the agent reports it with "running"."""
+
+    user: str  # "own-uid" (a uid of its own), "shared-user" (the --run-as user of every job), "agent-user"
+    uid: int
+    private_view: bool  # a mount namespace of its own: it sees its own files, not the agent's or other jobs'
+
+    MODES = ("own-uid", "shared-user", "agent-user")
+
+    def summary(self) -> str:
+        view = ("in a private filesystem view (its own work folder and artifacts; not the agent's state, token "
+                "or other jobs' files)")
+        if self.user == "own-uid":
+            return f"runs under a uid of its own ({self.uid}) {view}"
+        if self.user == "shared-user":
+            return (f"runs as the agent's --run-as user (uid {self.uid}), shared by every job on the host, {view}; "
+                    "jobs on this host can reach each other's processes")
+        return (f"shares the agent's user (uid {self.uid}): the agent does not run as root, so it cannot switch "
+                "users, and the job can read whatever the agent can, its host token included")
+
+    def to_details(self) -> dict[str, Any]:
+        return {"isolation": self.user, "isolation_uid": self.uid, "isolation_note": self.summary()}
+
+    @classmethod
+    def from_details(cls, details: dict[str, Any]) -> JobIsolation | None:
+        if details.get("isolation") not in cls.MODES or not isinstance(details.get("isolation_uid"), int):
+            return None
+        return cls(details["isolation"], details["isolation_uid"], details["isolation"] != "agent-user")
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """What an agent reports about its part of a job."""
 

@@ -689,16 +689,25 @@ def _send_stop_after_commit(job_id: int, attempt: int, hosts: list[str], reason:
     transaction.on_commit(send)
 
 
+# What an agent's "running" report tells about how the attempt runs, kept in the job's runtime_info: how it is
+# isolated (workers.protocol.JobIsolation), how a fractional job's GPU share is held, the limits applied.
+RUNTIME_INFO_KEYS = ("isolation", "isolation_uid", "isolation_note", "gpu_share", "gpu_memory_limit_mb", "limits")
+
+
 class AgentReportError(Exception):
     """A report that does not apply: the job is not on this host, or the report is from an older attempt."""
 
 
 def _job_for_host(job_id: int, host: Host, attempt: int) -> Job:
+    """The job, locked, if `host` runs its current attempt `attempt`: only the hosts that hold its GPUs now may
+    report on it (a host that ran an earlier attempt, or was never given the job, may not)."""
     job = _lock_job(job_id)
-    if job is None or not JobAllocation.objects.filter(job=job, gpu__host=host).exists():
-        raise AgentReportError(f"job {job_id} was never placed on host {host.name}")
+    if job is None:
+        raise AgentReportError(f"job {job_id} does not run on host {host.name}")
     if attempt != job.attempts:
         raise AgentReportError(f"report for attempt {attempt}, but job {job_id} is at attempt {job.attempts}")
+    if not JobAllocation.objects.filter(job=job, gpu__host=host, released_at__isnull=True).exists():
+        raise AgentReportError(f"job {job_id} attempt {attempt} does not run on host {host.name}")
     return job
 
 
@@ -720,9 +729,9 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
                 return job, False
             results[node] = {"state": "running", "host": host.name}
             fields: dict[str, Any] = {"node_results": results}
-            if status.details.get("isolation"):
-                fields["runtime_info"] = {**job.runtime_info, "isolation": status.details["isolation"],
-                                          "gpu_memory_limit_mb": status.details.get("gpu_memory_limit_mb")}
+            reported = {key: status.details[key] for key in RUNTIME_INFO_KEYS if key in status.details}
+            if reported:
+                fields["runtime_info"] = {**job.runtime_info, **reported}
             Job.objects.filter(pk=job.pk).update(**fields)
             if job.state == State.PLACED:
                 _transition(job, State.RUNNING, f"process started on {host.name}", from_states=[State.PLACED],

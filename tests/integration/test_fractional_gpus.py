@@ -53,7 +53,7 @@ def test_four_quarters_share_one_gpu_and_count_as_one(cluster):
     assert {d["gpus"] for d in details} == {0.25}
     assert len({d["allocations"][0]["uuid"] for d in details}) == 1  # all four on the same GPU
     assert {d["allocations"][0]["share"] for d in details} == {0.25}
-    assert {d["runtime_info"].get("isolation") for d in details} == {"watch"}  # simulated: the memory watch
+    assert {d["runtime_info"].get("gpu_share") for d in details} == {"watch"}  # simulated: the memory watch
     assert cluster.admin().get("/api/v1/teams/share/usage/").json()["gpus_held"] == 1.0
     fifth = submit(cluster, gpus=0.25, workload=sleeper)
     placed = cluster.wait_state(fifth["id"], {"running"})

@@ -107,3 +107,47 @@ def test_factory(tmp_path) -> None:
     for bad in ("http://example.com/x", "s3:///no-bucket", "file://otherhost/x", "file://"):
         with pytest.raises(ValueError):
             artifact_store_from_url(bad)
+
+
+def test_local_store_never_follows_a_link_a_job_planted(tmp_path) -> None:
+    """The job's folder swapped for a link, a checkpoint linked to a secret, a FIFO: nothing outside is served."""
+    store = LocalArtifactStore(tmp_path / "store")
+    secret = write(tmp_path / "agent-token", b"host-token")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    write(outside / "model.pt", b"outside")
+    # The job's whole folder replaced by a link to a folder outside the store.
+    (tmp_path / "store").mkdir()
+    os.symlink(outside, tmp_path / "store" / "job-9")
+    assert store.list("job-9") == []
+    with pytest.raises(ValueError, match="escapes"):
+        store.open("job-9", "model.pt")
+    with pytest.raises(ValueError, match="escapes"):
+        store.put("job-9", "model.pt", secret)
+    assert (outside / "model.pt").read_bytes() == b"outside"
+    # A file of the job's that links to a secret, and a folder link inside its folder.
+    store.put("job-1", "outputs/real.txt", write(tmp_path / "r.txt", b"real"))
+    os.symlink(secret, tmp_path / "store" / "job-1" / "outputs" / "token.txt")
+    os.symlink(outside, tmp_path / "store" / "job-1" / "outputs" / "dir")
+    os.mkfifo(tmp_path / "store" / "job-1" / "outputs" / "fifo")
+    assert store.list("job-1") == [("outputs/real.txt", 4)]
+    with pytest.raises(ValueError, match="link"):
+        store.open("job-1", "outputs/token.txt")
+    with pytest.raises(ValueError, match="escapes"):
+        store.open("job-1", "outputs/dir/model.pt")
+    with pytest.raises(IsADirectoryError):
+        store.open("job-1", "outputs/fifo")
+    # Writing over a planted link replaces the link, never writes through it.
+    store.put("job-1", "outputs/token.txt", write(tmp_path / "new.txt", b"new"))
+    assert secret.read_bytes() == b"host-token"
+    with store.open("job-1", "outputs/token.txt") as handle:
+        assert handle.read() == b"new"
+
+
+def test_put_dir_skips_links(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    write(out / "model.pt", b"m")
+    os.symlink(write(tmp_path / "secret", b"s"), out / "secret-link")
+    store = LocalArtifactStore(tmp_path / "store")
+    assert store.put_dir("job-1", out) == ["model.pt"]

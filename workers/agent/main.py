@@ -19,7 +19,7 @@ from celery import Celery
 from celery.signals import worker_shutdown
 
 from workers.agent.client import AgentConfigError, ConsoleClient
-from workers.agent.runner import JobProcess, JobRunner, JobUids, kill_leftover_jobs, resolve_run_as
+from workers.agent.runner import JobProcess, JobRunner, JobUids, RunAs, kill_leftover_jobs, resolve_run_as
 from workers.agent.sharing import over_share
 from workers.agent.telemetry import TelemetryLoop
 from workers.broker import TRANSPORT as FILESYSTEM_TRANSPORT
@@ -36,6 +36,8 @@ from workers.protocol import (
 )
 
 AGENT_VERSION = "0.1.0"
+# Job uids of a root agent by default: far above the ranges distributions give accounts and subordinate ids.
+DEFAULT_JOB_UIDS = "1610000000-1610009999"
 logger = logging.getLogger("workers.agent")
 
 
@@ -70,9 +72,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run job processes as this unprivileged user (its uid, gid and groups), each in a "
                              "private work directory; the agent must run as root (env GPU_AGENT_RUN_AS)")
     parser.add_argument("--job-uids", default=os.environ.get("GPU_AGENT_JOB_UIDS") or None, metavar="FIRST-LAST",
-                        help="with --run-as: run each job under a uid of its own from this range (no account may "
-                             "use them), so jobs cannot read each other's files or signal each other's processes "
-                             "(env GPU_AGENT_JOB_UIDS)")
+                        help="run each job under a uid of its own from this range (no account may use them), so "
+                             "jobs cannot read each other's files or signal each other's processes; the default "
+                             f"for an agent running as root without --run-as ({DEFAULT_JOB_UIDS}); 'off' runs "
+                             "jobs as the agent's user (env GPU_AGENT_JOB_UIDS)")
+    parser.add_argument("--private", action="append", type=Path,
+                        default=[Path(p) for p in os.environ.get("GPU_AGENT_PRIVATE", "").split(os.pathsep) if p],
+                        metavar="DIR", help="a folder jobs must not see (the console's state beside the agent, "
+                                            "e.g. var/ under `make run`); repeatable (env GPU_AGENT_PRIVATE, "
+                                            "colon-separated). The work dir, the artifact store, the broker's "
+                                            "folders and the token file are always hidden")
+    parser.add_argument("--pass-env", action="append",
+                        default=[n for n in os.environ.get("GPU_AGENT_PASS_ENV", "").split(",") if n],
+                        metavar="NAME", help="an environment variable of the agent's that jobs inherit besides "
+                                             "the built-in allow-list; repeatable (env GPU_AGENT_PASS_ENV)")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -92,6 +105,33 @@ def read_token(args: argparse.Namespace) -> str:
         raise SystemExit("gpu-agent: no host token: set GPU_AGENT_TOKEN or --token-file "
                          "(an admin issues one with `manage.py issue_host_token <host>`)")
     return token
+
+
+def resolve_job_uids(option: str | None, run_as: RunAs | None) -> JobUids | None:
+    """Each job under a uid of its own: by default wherever the agent can switch users (it runs as root)."""
+    if option == "off":
+        if os.geteuid() == 0 and run_as is None:
+            logger.warning("--job-uids off: jobs run as root, like the agent, and can read everything on this host")
+        return None
+    if option is None:
+        if os.geteuid() != 0 or run_as is not None:
+            return None  # cannot switch users; or the one --run-as user was asked for
+        option = DEFAULT_JOB_UIDS
+    elif os.geteuid() != 0:
+        raise SystemExit(f"gpu-agent: --job-uids {option} needs the agent to run as root, to start jobs under "
+                         f"other uids; this agent runs as uid {os.geteuid()}. Start it as root, or drop --job-uids.")
+    return JobUids.parse(option)
+
+
+def describe_isolation(run_as: RunAs | None, job_uids: JobUids | None) -> str:
+    if job_uids is not None:
+        return (f"each job runs under a uid of its own ({job_uids.first}-{job_uids.last}) in a private filesystem "
+                "view: it sees its own work folder and artifacts, not the agent's state, token or other jobs")
+    if run_as is not None:
+        return (f"jobs run as {run_as.name} (uid {run_as.uid}), all of them under that one uid, in private "
+                "filesystem views: they cannot read the agent's state, but can reach each other's processes")
+    return (f"jobs share the agent's user (uid {os.geteuid()}): this agent cannot switch users (it does not run as "
+            "root), so a job can read whatever the agent can, its host token included")
 
 
 def artifacts_path(value: str) -> Path:
@@ -207,9 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent[%(name)s]: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     run_as = resolve_run_as(args.run_as)
-    job_uids = JobUids.parse(args.job_uids) if args.job_uids else None
-    if job_uids is not None and run_as is None:
-        raise SystemExit("gpu-agent: --job-uids needs --run-as USER (whose groups the jobs get)")
+    job_uids = resolve_job_uids(args.job_uids, run_as)
     token = read_token(args)
     backend = open_gpu_backend(args)
     client = ConsoleClient(args.console_url, token)
@@ -227,12 +265,19 @@ def main(argv: list[str] | None = None) -> None:
         for index in job.dispatch.gpu_indices:
             backend.detach_job(index, job.dispatch.job_id)
 
-    runner = JobRunner(client, work_root=work_root, artifacts_root=artifacts,
+    private = [*args.private]
+    if args.broker.startswith("filesystem"):
+        broker = Path(args.broker_dir).resolve()
+        private += [broker, broker.parent / "broker-control"]
+    runner = JobRunner(client, work_root=work_root, artifacts_root=artifacts, console_url=args.console_url,
+                       private_paths=tuple(private), pass_env=tuple(args.pass_env),
+                       mask_paths=(Path(args.token_file).resolve(),) if args.token_file else (),
                        simulated=backend.kind == "simulated", grace_s=args.grace_s,
                        on_attach=attach, on_detach=detach,
                        gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
                        mps=backend.kind == "nvml" and not args.no_mps, address=args.address, run_as=run_as,
                        job_uids=job_uids)
+    logger.info("job isolation: %s", describe_isolation(run_as, job_uids))
     stop = threading.Event()
     message = registration(args, backend)
     try:

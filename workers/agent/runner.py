@@ -30,6 +30,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,8 +39,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from workers.agent.client import ConsoleClient, ConsoleRejected
+from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
-from workers.protocol import Dispatch, JobStatus
+from workers.protocol import Dispatch, JobIsolation, JobStatus
 
 logger = logging.getLogger("workers.agent")
 
@@ -52,8 +54,13 @@ PROGRESS_READ_MAX = 1024 * 1024
 # dropped so the job keeps running. Above the console's own cap (CONSOLE_JOB_LOG_MAX_CHARS, 10M by default).
 LOG_MAX_CHARS = 20_000_000
 PYTHON_NAMES = {"python", "python3", "python3.11", "python3.12"}
-# Variables of the agent that a job must not inherit.
-PRIVATE_ENV = ("GPU_AGENT_TOKEN", "CELERY_BROKER_URL", "DATABASE_URL", "DJANGO_SECRET_KEY", "REDIS_URL")
+# The code jobs run (workers.runtime): a checkout with an editable install, or site-packages.
+CODE_ROOT = Path(__file__).resolve().parents[2]
+# What a job inherits of the agent's environment: these names and prefixes only (an allow-list: the agent's
+# environment holds secrets such as its token, the broker's URL and, under `make run`, the console's own settings).
+# `--pass-env NAME` adds names.
+JOB_ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED"})
+JOB_ENV_PREFIXES = ("LC_", "NCCL_", "GLOO_", "OMP_", "MKL_", "OPENBLAS_", "CUBLAS_", "NVIDIA_DRIVER_")
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -80,9 +87,10 @@ class RunAs:
             raise SystemExit(f"gpu-agent: --run-as {name}: must name an unprivileged user, not uid 0")
         return cls(name, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(name, entry.pw_gid)))
 
-    def for_job(self, uid: int) -> RunAs:
-        """This user's groups under a job's own uid, with a private group of the same number (--job-uids)."""
-        return RunAs(f"{self.name}-{uid}", uid, uid, self.groups)
+    @classmethod
+    def job_user(cls, uid: int, base: RunAs | None) -> RunAs:
+        """A job's own uid with a private group of the same number, and the --run-as user's groups if any."""
+        return cls(f"{base.name if base else 'job'}-{uid}", uid, uid, base.groups if base else ())
 
     def shim_options(self) -> list[str]:
         return ["--uid", str(self.uid), "--gid", str(self.gid), "--groups", ",".join(map(str, self.groups))]
@@ -148,9 +156,6 @@ class JobUids:
 def resolve_run_as(name: str | None) -> RunAs | None:
     """The --run-as user, checked at start-up: the agent must be root to start jobs as another user."""
     if not name:
-        if os.geteuid() == 0:
-            logger.warning("the agent runs as root and no --run-as user is set: jobs run as root too; "
-                           "set --run-as USER (or CONSOLE_AGENT_RUN_AS) to run them as an unprivileged user")
         return None
     if os.geteuid() != 0:
         raise SystemExit(f"gpu-agent: --run-as {name} (CONSOLE_AGENT_RUN_AS) needs the agent to run as root, to "
@@ -250,8 +255,12 @@ class JobRunner:
         mps: bool = False,
         address: str = "",
         run_as: RunAs | None = None,
-        job_uids: JobUids | None = None,  # with run_as only (the agent checks it at start)
+        job_uids: JobUids | None = None,
         log_max_chars: int | None = None,
+        private_paths: tuple[Path, ...] = (),
+        mask_paths: tuple[Path, ...] = (),
+        pass_env: tuple[str, ...] = (),
+        console_url: str = "",
     ) -> None:
         self.client = client
         self.work_root = work_root
@@ -268,9 +277,14 @@ class JobRunner:
         self.run_as = run_as
         self.job_uids = job_uids
         self.log_max_chars = log_max_chars or int(os.environ.get("GPU_AGENT_LOG_MAX_CHARS") or LOG_MAX_CHARS)
+        # Jobs under another user get a filesystem view of their own (the agent is root: it can build one).
+        self.switches_user = run_as is not None or job_uids is not None
+        self.private_paths = (work_root, artifacts_root, *private_paths)
+        self.mask_paths = mask_paths
+        self.pass_env = frozenset(pass_env)
+        self.console_url = console_url
         self.work_root.mkdir(parents=True, exist_ok=True)
-        if run_as is not None:
-            self._prepare_work_root(run_as)
+        self.work_root.chmod(0o700)
         # GPU index -> (uuid, memory MiB), for fractional jobs' limits.
         self.gpus = gpus or {}
         self.mps = MpsControl(work_root, enabled=mps)
@@ -288,25 +302,11 @@ class JobRunner:
         with self._lock:
             return {job.process.pid: job.dispatch.job_id for job in self._jobs.values() if job.process}
 
-    def _prepare_work_root(self, run_as: RunAs) -> None:
-        # Traversable, not listable: a job reaches its own folder but cannot find the others'.
-        self.work_root.chmod(0o711)
-        blocked = run_as.blocked_at(self.work_root)
-        if blocked is not None:
-            raise SystemExit(f"gpu-agent: --run-as {run_as.name}: that user cannot reach the work directory "
-                             f"{self.work_root} ({blocked} is not searchable by it); choose a --work-dir it "
-                             "can traverse")
-        for path, what in ((Path(os.path.realpath(self.python)).parent, "the agent's Python interpreter"),
-                           (self.artifacts_root, "the artifact store")):
-            if path.exists() and run_as.blocked_at(path) is not None:
-                logger.warning("--run-as %s: that user cannot reach %s at %s: jobs that need it will fail",
-                               run_as.name, what, path)
-
     def start(self, dispatch: Dispatch) -> str:
         """Start a dispatched job. Returns "started", "duplicate", "refused" or "busy" (no job uid free); never
         raises for a bad job."""
         job = JobProcess(dispatch, self._workdir(dispatch))
-        if self.run_as is not None:
+        if self.switches_user:
             job.home = job.workdir / f"work-{secrets.token_hex(8)}"  # not guessable from the job id
             job.user = self.run_as
         index = dispatch.gpu_indices[0] if dispatch.gpu_indices else 0
@@ -318,7 +318,7 @@ class JobRunner:
             self._jobs[job.key] = job  # listed in heartbeats from now on, so the console never sees it missing
         if self.job_uids is not None:
             try:
-                job.user = self.run_as.for_job(self.job_uids.take())
+                job.user = RunAs.job_user(self.job_uids.take(), self.run_as)
             except OSError as exc:
                 # Not reported as started: the console sends the dispatch again (CONSOLE_REDISPATCH_AFTER_S).
                 logger.error("job %s not started: %s", dispatch.job_id, exc)
@@ -329,7 +329,8 @@ class JobRunner:
                 dispatch.job_id,
                 JobStatus("running", dispatch.attempt, node_rank=job.node_rank, details={
                     "host": dispatch.host,
-                    **({"isolation": job.limits.mechanism, "gpu_memory_limit_mb": job.limits.memory_mb}
+                    **self.isolation(job).to_details(),
+                    **({"gpu_share": job.limits.mechanism, "gpu_memory_limit_mb": job.limits.memory_mb}
                        if job.limits else {}),
                 }),
                 attempts=5,
@@ -377,12 +378,12 @@ class JobRunner:
 
     def _make_dirs(self, job: JobProcess) -> None:
         job.workdir.mkdir(parents=True, exist_ok=True)
+        for folder in (job.workdir.parent, job.workdir):  # job-N/attempt-M: the agent's alone
+            folder.chmod(0o700)
         user = job.user
         if user is None:
             return
         assert job.home is not None
-        for folder in (job.workdir.parent, job.workdir):  # job-N/attempt-M: the agent's, traversable only
-            folder.chmod(0o711)
         for folder in (job.home, job.home / "tmp"):  # its own temporary folder too (TMPDIR)
             folder.mkdir(mode=0o700)
             os.chown(folder, user.uid, user.gid)
@@ -392,6 +393,7 @@ class JobRunner:
         try:
             for folder in self._artifact_folders(job):
                 folder.mkdir(parents=True, exist_ok=True)
+                folder.parent.chmod(0o750)
                 _chown_tree(folder, user.uid, user.gid)
                 folder.chmod(0o700)
         except OSError as exc:
@@ -405,6 +407,25 @@ class JobRunner:
         """Whether the job runs under a uid of its own (--job-uids), not the shared --run-as user."""
         return self.job_uids is not None and job.user is not None and job.user is not self.run_as
 
+    def isolation(self, job: JobProcess) -> JobIsolation:
+        if job.user is None:
+            return JobIsolation("agent-user", os.geteuid(), private_view=False)
+        return JobIsolation("own-uid" if self._has_own_uid(job) else "shared-user", job.user.uid, private_view=True)
+
+    def view(self, job: JobProcess) -> FilesystemView:
+        """What the job sees of this host's files (see workers/agent/sandbox.py)."""
+        assert job.user is not None and job.home is not None
+        readable = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(self.python)).parent.parent,
+                    CODE_ROOT, *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        serve = job.dispatch.workload.get("serve")
+        if isinstance(serve, dict) and serve.get("checkpoint"):
+            readable.append(self.artifacts_root / str(serve["checkpoint"]))
+        # Other GPUs' device nodes: the job cannot open them even if it unsets CUDA_VISIBLE_DEVICES.
+        others = [Path(f"/dev/nvidia{index}") for index in self.gpus if index not in job.dispatch.gpu_indices]
+        return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
+                         private=self.private_paths, mask=[*self.mask_paths, *others],
+                         blocked_at=job.user.blocked_at)
+
     def _reclaim(self, job: JobProcess) -> None:
         """Take back what a job with a uid of its own left behind, before that uid can go to another job."""
         if not self._has_own_uid(job) or job.home is None:
@@ -412,7 +433,10 @@ class JobRunner:
         for folder in [job.home, *self._artifact_folders(job)]:
             try:
                 if folder.exists():
-                    _chown_tree(folder, os.geteuid(), os.getegid())
+                    # Artifacts: the agent's, readable by the artifact store's group (the console reads them).
+                    store = folder != job.home
+                    _chown_tree(folder, os.geteuid(), self._store_gid() if store else os.getegid(),
+                                modes=(0o750, 0o640) if store else (0o700, 0o600))
             except OSError as exc:
                 logger.warning("job %s: could not take back %s from uid %s: %s", job.dispatch.job_id, folder,
                                job.user.uid, exc)
@@ -430,13 +454,17 @@ class JobRunner:
             argv = self.command(dispatch)
             env = self.environment(job)
             _write_private(job.workdir / "command.json", json.dumps({"argv": argv}))
+            view_options: list[str] = []
+            if job.user is not None:
+                _write_private(job.workdir / "view.json", self.view(job).to_json())
+                view_options = ["--view", str(job.workdir / "view.json")]
             self._send_log(job, f"[agent] job {dispatch.job_id} attempt {dispatch.attempt} on {dispatch.host} "
                                 f"GPUs {','.join(map(str, dispatch.gpu_indices))}: {' '.join(argv)}\n")
             if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.home / argv[0]).is_file():
                 raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
             shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
                     "--stop-file", str(job.workdir / "stop-grace"),
-                    *(job.user.shim_options() if job.user else []), "--"]
+                    *(job.user.shim_options() if job.user else []), *view_options, "--"]
             job.process = self._launcher.popen(
                 [*shim, *argv], cwd=job.home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -605,8 +633,18 @@ class JobRunner:
             return
         target = (self.artifacts_root / str(job.dispatch.job_id) / "logs"
                   / f"attempt-{job.dispatch.attempt}-node-{job.node_rank}.log")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        target.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        with open(source, "rb") as reader, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                                                        0o640), "wb") as writer:
+            shutil.copyfileobj(reader, writer)
+        os.chown(target, os.geteuid(), self._store_gid())
+
+    def _store_gid(self) -> int:
+        """The artifact store's group: the console reads artifacts through it (root's own under `make run`)."""
+        try:
+            return self.artifacts_root.stat().st_gid
+        except OSError:
+            return os.getegid()
 
     # --- what to run
 
@@ -650,7 +688,8 @@ class JobRunner:
 
     def environment(self, job: JobProcess) -> dict[str, str]:
         dispatch = job.dispatch
-        env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+        env = {k: v for k, v in os.environ.items()
+               if k in JOB_ENV_NAMES or k in self.pass_env or k.startswith(JOB_ENV_PREFIXES)}
         job_artifacts = self.artifacts_root / str(dispatch.job_id)
         env.update(
             CUDA_VISIBLE_DEVICES=",".join(str(i) for i in dispatch.gpu_indices),
@@ -664,10 +703,10 @@ class JobRunner:
         )
         if job.user is not None:
             env.update(HOME=str(job.home), USER=job.user.name, LOGNAME=job.user.name, TMPDIR=str(job.home / "tmp"))
+        else:
+            env.update(HOME=str(job.home), TMPDIR=tempfile.gettempdir())
         if dispatch.max_steps:
             env["CONSOLE_MAX_STEPS"] = str(dispatch.max_steps)
-        else:
-            env.pop("CONSOLE_MAX_STEPS", None)
         if self.simulated:
             env["CONSOLE_DEVICE"] = "cpu"  # simulated GPUs: the work runs on this host's CPUs
         if job.limits is not None:
@@ -685,12 +724,23 @@ class JobRunner:
             return {job.dispatch.job_id: job.limits.memory_mb for job in self._jobs.values() if job.limits}
 
 
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """chown `root` and everything under it, never following a link (a job may plant them)."""
-    os.chown(root, uid, gid, follow_symlinks=False)
+def _chown_tree(root: Path, uid: int, gid: int, *, modes: tuple[int, int] | None = None) -> None:
+    """chown `root` and everything under it, never following a link (a job may plant them). With `modes`
+    (folders, files), also set the mode of every folder and regular file."""
+    def fix(path: str) -> None:
+        os.chown(path, uid, gid, follow_symlinks=False)
+        if modes is None:
+            return
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode):
+            os.chmod(path, modes[0])
+        elif stat.S_ISREG(info.st_mode):
+            os.chmod(path, modes[1])
+
+    fix(str(root))
     for folder, dirs, files in os.walk(root):  # does not descend into linked folders
         for name in [*dirs, *files]:
-            os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
+            fix(os.path.join(folder, name))
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -1,6 +1,7 @@
 """The job shim: the agent starts every job through it, and it owns the job's whole process tree.
 
-    python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace [--uid U --gid G --groups G1,G2] -- argv...
+    python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace [--uid U --gid G --groups G1,G2]
+        [--view DIR/view.json] -- argv...
 
 It makes itself a child subreaper, so every process the job starts stays in its subtree even when the job
 daemonizes or when torchrun puts its workers in process groups of their own. It ends the whole tree:
@@ -9,7 +10,9 @@ daemonizes or when torchrun puts its workers in process groups of their own. It 
 - when the agent dies, even by kill -9 (the kernel sends the shim SIGTERM through PR_SET_PDEATHSIG).
 
 With --uid (the agent's --run-as user), only the job's processes switch to that user: the shim keeps the agent's
-identity, so the job can neither signal its supervisor nor leave the subtree it reaps and kills.
+identity, so the job can neither signal its supervisor nor leave the subtree it reaps and kills. With --view (a
+file of the agent's), the job's first process enters a private mount namespace laid out as the file says
+(workers/agent/sandbox.py) before it drops privileges, and no program it runs can gain any (no_new_privs).
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+from workers.agent.sandbox import FilesystemView, SandboxError, enter
+
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.05
 
@@ -65,8 +71,9 @@ def signal_tree(sig: int) -> None:
 
 class Shim:
     def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None,
-                 user: tuple[int, int, list[int]] | None = None) -> None:
+                 user: tuple[int, int, list[int]] | None = None, view: FilesystemView | None = None) -> None:
         self.argv = argv
+        self.view = view
         self.grace_s = grace_s
         self.stop_file = stop_file
         self.user = user  # (uid, gid, supplementary groups) the job runs as; None: the shim's own
@@ -90,15 +97,18 @@ class Shim:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                if self.view is not None:
+                    enter(self.view)
                 if self.user is not None:
                     uid, gid, groups = self.user
                     os.setgroups(groups)
                     os.setresgid(gid, gid, gid)
                     os.setresuid(uid, uid, uid)
+                    _prctl(PR_SET_NO_NEW_PRIVS, 1)
                 os.execvp(self.argv[0], self.argv)
             except OSError as exc:
                 print(f"[agent] could not start the job: {exc}", file=sys.stderr, flush=True)
-                os._exit(127 if exc.errno == errno.ENOENT else 126)
+                os._exit(127 if exc.errno == errno.ENOENT and not isinstance(exc, SandboxError) else 126)
         self.main_pid = pid
 
     def reap(self) -> bool:
@@ -151,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--uid", type=int, help="run the job's processes as this user id (the shim stays as is)")
     parser.add_argument("--gid", type=int)
     parser.add_argument("--groups", default="", help="supplementary group ids, comma-separated")
+    parser.add_argument("--view", type=Path, help="the job's filesystem view (JSON, see workers/agent/sandbox.py)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -161,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.gid is None:
             parser.error("--uid needs --gid")
         user = (args.uid, args.gid, [int(group) for group in args.groups.split(",") if group])
-    exit_like(Shim(command, args.grace, args.stop_file, user).run())
+    view = FilesystemView.from_json(args.view.read_text()) if args.view else None
+    exit_like(Shim(command, args.grace, args.stop_file, user, view).run())
 
 
 if __name__ == "__main__":

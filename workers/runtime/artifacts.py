@@ -12,8 +12,11 @@ absolute paths, backslashes, empty parts) is rejected with ValueError.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
+import stat
 from abc import ABC, abstractmethod
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -74,7 +77,9 @@ class ArtifactStore(ABC):
         """Store every file under `directory` (e.g. CONSOLE_OUTPUT_DIR); returns the stored relpaths."""
         root = Path(directory)
         stored = []
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        # Regular files only, found without following links: a link in the folder is not stored.
+        files = [Path(folder, name) for folder, _, names in os.walk(root) for name in names]
+        for path in sorted(p for p in files if stat.S_ISREG(p.lstat().st_mode)):
             relpath = path.relative_to(root).as_posix()
             relpath = f"{prefix.rstrip('/')}/{relpath}" if prefix else relpath
             self.put(job_id, relpath, path)
@@ -83,38 +88,92 @@ class ArtifactStore(ABC):
 
 
 class LocalArtifactStore(ArtifactStore):
-    """Artifacts under `root/<job_id>/<relpath>`."""
+    """Artifacts under `root/<job_id>/<relpath>`.
+
+    Jobs write into their own folders here, so any name below `root` may be a link a job planted (its artifact
+    folder swapped for a link to /, a checkpoint linked to the host's token). Every path is therefore opened one
+    component at a time from a descriptor of `root`, never following a link (O_NOFOLLOW on each component), and
+    listings walk descriptors too (os.fwalk): nothing outside the job's folder is ever read or written.
+    """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
 
-    def _path(self, job_id: str, relpath: str) -> Path:
-        job_dir = self.root / safe_job_id(job_id)
-        path = (job_dir / safe_relpath(relpath)).resolve()
-        # Symlinks inside the store must not lead out of the job's directory either.
-        if not path.is_relative_to(job_dir.resolve()):
-            raise ValueError(f"artifact path escapes the job's directory: {relpath!r}")
-        return path
+    def _open_dir(self, parts: list[str], *, create: bool = False) -> int:
+        """A descriptor of root/parts..., each component opened without following links."""
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o750, dir_fd=fd)
+                try:
+                    child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise ValueError(f"artifact path escapes the job's folder through a link or file: {part!r}") from None
+                    raise
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _split(self, job_id: str, relpath: str) -> tuple[list[str], str]:
+        parts = [safe_job_id(job_id), *safe_relpath(relpath).split("/")]
+        return parts[:-1], parts[-1]
 
     def put(self, job_id: str, relpath: str, src_file: str | os.PathLike[str]) -> None:
-        target = self._path(job_id, relpath)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
-        shutil.copyfile(src_file, tmp)
-        os.replace(tmp, target)
+        folders, name = self._split(job_id, relpath)
+        dir_fd = self._open_dir(folders, create=True)
+        tmp = f".{name}.part"
+        try:
+            with open(src_file, "rb") as source, open(
+                os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
+                        dir_fd=dir_fd), "wb") as target:
+                shutil.copyfileobj(source, target)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # a link named `name` is replaced
+        finally:
+            os.close(dir_fd)
 
     def list(self, job_id: str) -> list[tuple[str, int]]:
-        job_dir = self.root / safe_job_id(job_id)
-        if not job_dir.is_dir():
-            return []
+        job = safe_job_id(job_id)
+        try:
+            dir_fd = self._open_dir([job])
+        except (ValueError, FileNotFoundError):
+            return []  # no folder, or a link in place of it
         found = []
-        for path in job_dir.rglob("*"):
-            if path.is_file() and not path.name.endswith(".part"):
-                found.append((path.relative_to(job_dir).as_posix(), path.stat().st_size))
+        try:
+            for folder, _, files, folder_fd in os.fwalk(".", dir_fd=dir_fd):  # never follows links
+                for name in files:
+                    if name.endswith(".part"):
+                        continue
+                    info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode):
+                        found.append((os.path.normpath(os.path.join(folder, name)), info.st_size))
+        finally:
+            os.close(dir_fd)
         return sorted(found)
 
     def open(self, job_id: str, relpath: str) -> IO[bytes]:
-        return self._path(job_id, relpath).open("rb")
+        folders, name = self._split(job_id, relpath)
+        dir_fd = self._open_dir(folders)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"artifact is a link, which could lead out of the job's folder: {relpath!r}") from None
+            raise
+        finally:
+            os.close(dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device a job left would block or leak
+            os.close(fd)
+            raise IsADirectoryError(f"not a regular file: {relpath!r}")
+        os.set_blocking(fd, True)
+        return open(fd, "rb")
 
 
 class S3ArtifactStore(ArtifactStore):

@@ -22,7 +22,8 @@ class Command(BaseCommand):
         if output:
             path = Path(output)
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            os.fchmod(fd, 0o600)  # a file that existed keeps its mode otherwise
             with os.fdopen(fd, "w") as handle:
                 handle.write(secret + "\n")
             self.stdout.write(f"Token for host {host} written to {path}")

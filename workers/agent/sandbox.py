@@ -1,0 +1,156 @@
+"""What a job sees of the host's files: a private mount namespace, built by the shim before the job starts.
+
+The agent decides the view (`FilesystemView`): folders to cover with an empty tmpfs (the agent's and the console's
+state, folders the job's user could not traverse), files to cover with /dev/null (the host token, other GPUs'
+device nodes), and the paths the job needs put back at the same place (its own work folder and artifact folders
+writable; the Python environment and the code read-only). It also gets a private /tmp and /dev/shm, and a /proc
+that shows it only its own processes. The shim applies the view in the job's first process, as root, just before
+it drops to the job's user: nothing the job starts can leave the namespace or undo it without privileges.
+
+Paths keep their names, so a job's argv, the virtual environment's interpreter and the editable install of the
+runtime work unchanged; covering a folder the job cannot traverse and putting back only what it needs is how a job
+reaches its code in a checkout under a private (0700) folder without that folder being opened to anyone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+# Shared by every job's view: what the job may not see or must see privately.
+PRIVATE_TMP = ("/tmp", "/dev/shm")
+
+
+class SandboxError(OSError):
+    """The view could not be built: the job must not start without it."""
+
+
+@dataclass(frozen=True)
+class FilesystemView:
+    hide: tuple[str, ...] = ()  # folders covered by an empty, read-only-for-the-job tmpfs
+    mask: tuple[str, ...] = ()  # files covered by /dev/null
+    writable: tuple[str, ...] = ()  # put back read-write at the same path
+    readable: tuple[str, ...] = ()  # put back read-only at the same path
+    private_tmp: tuple[str, ...] = PRIVATE_TMP  # a fresh world-writable (sticky) tmpfs each
+    own_processes_only: bool = True  # /proc with hidepid=invisible
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> FilesystemView:
+        data = json.loads(text)
+        return cls(**{name: tuple(value) if isinstance(value, list) else value for name, value in data.items()})
+
+
+def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: Iterable[Path],
+              mask: Iterable[Path], blocked_at: Callable[[Path], Path | None]) -> FilesystemView:
+    """The view of a job that needs `writable` and `readable`, must not see `private` (folders) nor `mask` (files).
+
+    `blocked_at(path)` names the first folder on the way to `path` the job's user cannot traverse: it is covered
+    too, and what the job needs below it is put back, so the job reaches exactly what it needs.
+    """
+    writable = [_real(p) for p in writable if p.exists()]
+    readable = [_real(p) for p in readable if p.exists()]
+    hide = {_real(p) for p in private if p.exists() and p.is_dir()}
+    for path in [*writable, *readable]:
+        blocked = blocked_at(path)
+        if blocked is not None and blocked != path:
+            hide.add(_real(blocked))
+    tmp = [Path(p) for p in PRIVATE_TMP]
+    # A folder below another covered one is out of sight already (and its mount point would not exist).
+    hide = {p for p in hide if not any(p != top and p.is_relative_to(top) for top in [*hide, *tmp])}
+    covered = [*hide, *tmp]
+
+    def needs_putting_back(path: Path) -> bool:
+        return any(path != top and path.is_relative_to(top) for top in covered)
+
+    return FilesystemView(
+        hide=tuple(sorted(map(str, hide))),
+        mask=tuple(sorted({str(_real(p)) for p in mask if p.exists() and not p.is_dir()})),
+        writable=tuple(sorted({str(p) for p in writable if needs_putting_back(p)})),
+        readable=tuple(sorted({str(p) for p in readable if needs_putting_back(p)})),
+    )
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+# --- applying a view (in the job's first process, as root, before it drops privileges)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    encode = lambda value: None if value is None else value.encode()  # noqa: E731
+    if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
+        errno = ctypes.get_errno()
+        raise SandboxError(errno, f"mount {fstype or 'bind'} {source or ''} on {target}: {os.strerror(errno)}")
+
+
+def _ensure_mount_point(path: Path, *, is_dir: bool) -> None:
+    """Create a missing mount point (inside a tmpfs this view mounted; never follows links)."""
+    if os.path.lexists(path):
+        return
+    _ensure_mount_point(path.parent, is_dir=True)
+    if is_dir:
+        os.mkdir(path, 0o711)
+    else:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+
+
+def enter(view: FilesystemView) -> None:
+    """Give this process a private mount namespace laid out as `view` says. Raises SandboxError on any failure."""
+    if _libc().unshare(CLONE_NEWNS) != 0:
+        errno = ctypes.get_errno()
+        raise SandboxError(errno, f"unshare(CLONE_NEWNS): {os.strerror(errno)}")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here shows outside
+    # Open what is put back before anything covers it (a covered path can no longer be reached by name), and
+    # only now: a bind mount's source must be a mount of this namespace.
+    sources = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in (*view.writable, *view.readable)}
+    try:
+        steps: list[tuple[int, int, str, str]] = []  # (depth, order, kind, path): parents before children
+        for kind, paths in (("hide", view.hide), ("tmp", view.private_tmp), ("writable", view.writable),
+                            ("readable", view.readable), ("mask", view.mask)):
+            for path in paths:
+                steps.append((len(Path(path).parts), 0 if kind in ("hide", "tmp") else 1, kind, path))
+        for _, _, kind, path in sorted(steps):
+            target = Path(path)
+            if kind == "hide":
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=1m,nr_inodes=4096")
+            elif kind == "tmp":
+                if target.is_dir():
+                    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+            elif kind == "mask":
+                if os.path.lexists(target):
+                    _mount("/dev/null", path, None, MS_BIND)
+            else:
+                source = sources[path]
+                _ensure_mount_point(target, is_dir=stat.S_ISDIR(os.fstat(source).st_mode))
+                _mount(f"/proc/self/fd/{source}", path, None, MS_BIND | MS_REC)
+                if kind == "readable":
+                    _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+        if view.own_processes_only:
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+    finally:
+        for fd in sources.values():
+            os.close(fd)
