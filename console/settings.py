@@ -290,6 +290,8 @@ JOBS_MAX_TIME_LIMIT_MINUTES = env_int("CONSOLE_MAX_TIME_LIMIT_MINUTES", 7 * 24 *
 # Submissions per user per minute (checked under the team's quota lock, so it holds under concurrency).
 JOBS_SUBMIT_PER_MINUTE = env_int("CONSOLE_SUBMIT_PER_MINUTE", 600, minimum=1)
 JOBS_LOG_MAX_CHARS = env_int("CONSOLE_JOB_LOG_MAX_CHARS", 10_000_000, minimum=1000)
+# The largest file a running job may store through the job API (PUT /api/v1/job/artifacts/...).
+JOB_ARTIFACT_MAX_BYTES = env_int("CONSOLE_JOB_ARTIFACT_MAX_MB", 4096, minimum=1) * 1024 * 1024
 # Where checkpoints, logs and outputs live: a directory every host reaches, or s3://bucket/prefix.
 ARTIFACT_STORE_URL = env_str("CONSOLE_ARTIFACTS", None) or (VAR_DIR / "artifacts").as_uri()
 

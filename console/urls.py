@@ -11,6 +11,7 @@ from apps.cluster import api as cluster_api
 from apps.core import views as core_views
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
+from apps.jobs import job_api as jobs_job_api
 from apps.quotas import api as quotas_api
 from apps.serving import api as serving_api
 from apps.serving import gateway as serving_gateway
@@ -43,6 +44,10 @@ api_v1 = [
     path("agent/jobs/<int:job_id>/status/", jobs_agent_api.JobStatusView.as_view(), name="agent-job-status"),
     path("agent/jobs/<int:job_id>/logs/", jobs_agent_api.JobLogView.as_view(), name="agent-job-logs"),
     path("agent/jobs/<int:job_id>/progress/", jobs_agent_api.JobProgressView.as_view(), name="agent-job-progress"),
+    path("job/", jobs_job_api.JobSelfView.as_view(), name="job-self"),
+    path("job/progress/", jobs_job_api.JobSelfProgressView.as_view(), name="job-self-progress"),
+    path("job/artifacts/", jobs_job_api.JobSelfArtifactsView.as_view(), name="job-self-artifacts"),
+    path("job/artifacts/<path:path>", jobs_job_api.JobSelfArtifactView.as_view(), name="job-self-artifact"),
     path("", include(router.urls)),
 ]
 

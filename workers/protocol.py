@@ -52,6 +52,9 @@ class Dispatch:
     # A fractional job's part of its one GPU, and the memory it asked for (the agent enforces both).
     gpu_share: float = 1.0
     gpu_memory_mb: int | None = None
+    # The attempt's own credential for the console's job API (apps/jobs/attempt_tokens.py): handed to the job
+    # as CONSOLE_JOB_TOKEN, in place of any secret of the agent's.
+    job_token: str = ""
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -82,6 +85,7 @@ class Dispatch:
                 rendezvous=Rendezvous(**rendezvous) if rendezvous else None,
                 gpu_share=float(message.get("gpu_share", 1.0)),
                 gpu_memory_mb=None if message.get("gpu_memory_mb") is None else int(message["gpu_memory_mb"]),
+                job_token=str(message.get("job_token") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None

@@ -26,6 +26,7 @@ from apps.cluster.models import GPU, Host
 from apps.cluster.selectors import GpuPools, gpu_pools, gpu_pools_from_json, gpu_pools_subquery
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
+from apps.jobs.attempt_tokens import attempt_token
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation, JobEvent, JobLogChunk, UsageSegment
 from apps.jobs.selectors import can_cancel
@@ -656,6 +657,7 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
                     rendezvous=rendezvous,
                     gpu_share=job.gpu_share_units / 100,
                     gpu_memory_mb=job.gpu_memory_mb,
+                    job_token=attempt_token(job.pk, job.attempts),
                 ),
             )
         )
@@ -831,17 +833,29 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
                 Job.objects.filter(pk=job.pk).update(
                     runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{port}", "attempt": attempt})
             return
-        fields: dict[str, Any] = {}
-        if isinstance(progress.get("step"), int) and progress["step"] >= 0:
-            fields["steps_done"] = progress["step"]
-            fields["progress_at"] = timezone.now()
-        for source, target in [("steps_per_s", "steps_per_second"), ("samples_per_s", "samples_per_second"),
-                               ("loss", "last_loss")]:
-            value = progress.get(source)
-            if isinstance(value, int | float) and value == value and abs(value) < 1e30:
-                fields[target] = float(value)
-        if fields:
-            Job.objects.filter(pk=job.pk).update(**fields)
+        _record_training_progress(job, progress)
+
+
+def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
+    """Progress a running job reports itself, with its attempt token (the job API)."""
+    with transaction.atomic():
+        locked = _lock_job(job.pk)
+        if locked is not None and locked.state == State.RUNNING and locked.attempts == job.attempts:
+            _record_training_progress(locked, progress)
+
+
+def _record_training_progress(job: Job, progress: dict[str, Any]) -> None:
+    fields: dict[str, Any] = {}
+    if isinstance(progress.get("step"), int) and progress["step"] >= 0:
+        fields["steps_done"] = progress["step"]
+        fields["progress_at"] = timezone.now()
+    for source, target in [("steps_per_s", "steps_per_second"), ("samples_per_s", "samples_per_second"),
+                           ("loss", "last_loss")]:
+        value = progress.get(source)
+        if isinstance(value, int | float) and value == value and abs(value) < 1e30:
+            fields[target] = float(value)
+    if fields:
+        Job.objects.filter(pk=job.pk).update(**fields)
 
 
 REAPER_LAST_RUN_KEY = "jobs:reaper-last-run"

@@ -701,6 +701,8 @@ class JobRunner:
             CONSOLE_OUTPUT_DIR=str(job_artifacts / "outputs"),
             PYTHONUNBUFFERED="1",
         )
+        if dispatch.job_token:  # the attempt's own credential for the console's job API, never the agent's
+            env.update(CONSOLE_JOB_TOKEN=dispatch.job_token, CONSOLE_API_URL=f"{self.console_url.rstrip('/')}/api/v1/job/")
         if job.user is not None:
             env.update(HOME=str(job.home), USER=job.user.name, LOGNAME=job.user.name, TMPDIR=str(job.home / "tmp"))
         else:

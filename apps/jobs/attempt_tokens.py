@@ -1,0 +1,31 @@
+"""The credential of one job attempt: what a running job presents to the console's job API, and nothing else.
+
+A job never sees its host's token (the agent hands it an allow-listed environment). Instead each attempt gets a
+token of its own, signed by the console and sent inside the dispatch (the broker, which jobs cannot read): it names
+the job and the attempt, and it is honoured only while that attempt is the job's current one and the job runs. A
+requeued job's next attempt gets a new token; the old one stops working with the attempt.
+"""
+
+from __future__ import annotations
+
+from django.core import signing
+
+from apps.jobs.models import Job
+
+SALT = "console.jobs.attempt-token"
+
+
+def attempt_token(job_id: int, attempt: int) -> str:
+    return signing.dumps({"job": job_id, "attempt": attempt}, salt=SALT)
+
+
+def attempt_from_token(token: str) -> Job | None:
+    """The running job whose current attempt `token` was issued for; None for any other token."""
+    try:
+        claim = signing.loads(token, salt=SALT)
+    except signing.BadSignature:
+        return None
+    if not isinstance(claim, dict) or not isinstance(claim.get("job"), int) or not isinstance(claim.get("attempt"), int):
+        return None
+    return (Job.objects.select_related("team", "user")
+            .filter(pk=claim["job"], attempts=claim["attempt"], state=Job.State.RUNNING).first())

@@ -1,0 +1,149 @@
+"""The job API: what a running job may ask of the console with its attempt token (`Authorization: Job <token>`).
+
+Its own record, its training progress, and its own artifacts (read all; write under checkpoints/ and outputs/).
+The token works nowhere else (user and agent endpoints do not accept it) and only while its attempt runs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http import FileResponse, Http404
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import authentication, exceptions, permissions, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.core.schema import ErrorSerializer
+from apps.jobs import services
+from apps.jobs.api import ArtifactSerializer, artifact_store
+from apps.jobs.attempt_tokens import attempt_from_token
+from apps.jobs.models import Job
+from workers.runtime.artifacts import safe_relpath
+
+WRITABLE_FOLDERS = ("checkpoints", "outputs")
+
+
+@dataclass(frozen=True)
+class JobPrincipal:
+    """A running job attempt: no person, no role in any team."""
+
+    job: Job
+    is_authenticated: bool = True
+    is_active: bool = True
+    is_staff: bool = False
+    pk: None = None
+
+    def get_username(self) -> str:
+        return f"job:{self.job.pk}"
+
+
+class JobTokenAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != b"job":
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Invalid Authorization header: expected 'Job <token>'.")
+        try:
+            job = attempt_from_token(header[1].decode())
+        except UnicodeDecodeError:
+            job = None
+        if job is None:
+            raise exceptions.AuthenticationFailed("This job token is unknown, or its attempt no longer runs.")
+        return JobPrincipal(job), job
+
+    def authenticate_header(self, request) -> str:
+        return 'Job realm="job"'
+
+
+class JobTokenScheme(OpenApiAuthenticationExtension):
+    target_class = JobTokenAuthentication
+    name = "jobToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "Job <token>: CONSOLE_JOB_TOKEN inside a running job"}
+
+
+class IsRunningJob(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.auth, Job)
+
+
+class JobSelfView(APIView):
+    """The running job's own record."""
+
+    authentication_classes = [JobTokenAuthentication]
+    permission_classes = [IsRunningJob]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 401: ErrorSerializer})
+    def get(self, request: Request) -> Response:
+        job: Job = request.auth
+        return Response({"id": job.pk, "attempt": job.attempts, "name": job.name, "team": job.team.slug,
+                         "user": job.user.username, "state": job.state, "kind": job.kind, "preset": job.preset,
+                         "max_steps": job.max_steps, "steps_done": job.steps_done})
+
+
+class OwnProgressSerializer(serializers.Serializer):
+    step = serializers.IntegerField(min_value=0, required=False)
+    loss = serializers.FloatField(required=False)
+    steps_per_s = serializers.FloatField(min_value=0, required=False)
+    samples_per_s = serializers.FloatField(min_value=0, required=False)
+
+
+class JobSelfProgressView(JobSelfView):
+    """Training progress the job reports itself (the runtime's progress file does the same through the agent)."""
+
+    @extend_schema(request=OwnProgressSerializer, responses={200: OpenApiTypes.OBJECT, 401: ErrorSerializer})
+    def post(self, request: Request) -> Response:
+        form = OwnProgressSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        services.job_record_own_progress(job=request.auth, progress=dict(form.validated_data))
+        return Response({"ok": True})
+
+
+class JobSelfArtifactsView(JobSelfView):
+    @extend_schema(responses={200: ArtifactSerializer(many=True), 401: ErrorSerializer})
+    def get(self, request: Request) -> Response:
+        files = artifact_store().list(str(request.auth.pk))
+        return Response([{"path": path, "size": size} for path, size in files])
+
+
+class JobSelfArtifactView(JobSelfView):
+    """GET downloads one of the job's artifacts; PUT (raw body) stores one under checkpoints/ or outputs/."""
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes, 401: ErrorSerializer, 404: ErrorSerializer})
+    def get(self, request: Request, path: str) -> FileResponse:
+        try:
+            handle = artifact_store().open(str(request.auth.pk), path)
+        except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise Http404("No such artifact.") from None
+        return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
+
+    @extend_schema(request={"application/octet-stream": bytes},
+                   responses={201: ArtifactSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 413: ErrorSerializer})
+    def put(self, request: Request, path: str) -> Response:
+        try:
+            relpath = safe_relpath(path)
+        except ValueError as exc:
+            raise exceptions.ValidationError({"path": [str(exc)]}) from None
+        if relpath.split("/", 1)[0] not in WRITABLE_FOLDERS or "/" not in relpath:
+            raise exceptions.ValidationError({"path": [f"a job writes only under {' or '.join(WRITABLE_FOLDERS)}/"]})
+        limit = settings.JOB_ARTIFACT_MAX_BYTES
+        size = 0
+        with tempfile.NamedTemporaryFile(prefix="job-artifact-") as spool:
+            while chunk := request._request.read(1024 * 1024):  # the raw body, streamed: never all in memory
+                size += len(chunk)
+                if size > limit:
+                    return Response({"detail": f"an artifact may hold at most {limit} bytes"},
+                                    status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+                spool.write(chunk)
+            spool.flush()
+            artifact_store().put(str(request.auth.pk), relpath, spool.name)
+        return Response({"path": relpath, "size": size}, status=status.HTTP_201_CREATED)
