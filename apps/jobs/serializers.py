@@ -7,11 +7,21 @@ from typing import Any, ClassVar
 from django.conf import settings
 from rest_framework import serializers
 
+from apps.core.parsers import json_depth_exceeds
 from apps.jobs.models import MAX_STEPS, Job, JobEvent
 from apps.quotas.models import Priority
 
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
+# A built-in workload's params are a few flat values; nesting this deep is no configuration (the runtime, the
+# database's jsonb and every page that shows the job walk it).
+MAX_PARAMS_DEPTH = 32
+
+
+def params_depth_error(params: Any) -> str | None:
+    if json_depth_exceeds(params, MAX_PARAMS_DEPTH):
+        return f"Nested deeper than {MAX_PARAMS_DEPTH} levels."
+    return None
 
 
 def _has_nul(value: Any) -> bool:
@@ -43,6 +53,9 @@ class WorkloadField(serializers.JSONField):
             params = data.get("params", {})
             if not isinstance(params, dict):
                 raise serializers.ValidationError({"params": ["Must be an object."]})
+            too_deep = params_depth_error(params)
+            if too_deep:
+                raise serializers.ValidationError({"params": [too_deep]})
             # A NUL byte is no path, name or number: PostgreSQL's jsonb refuses it (a 500), the agent's exec too.
             with_nul = sorted(repr(name) if "\x00" in name else name for name, value in params.items()
                               if "\x00" in name or _has_nul(value))
