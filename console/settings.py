@@ -12,7 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import check_url_scheme, env_bool, env_int, env_list, env_str
+from console.env import check_url_scheme, env_bool, env_int, env_list, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # templates/ and static/ sit beside the code in a checkout; a non-editable install puts them under share/.
@@ -238,6 +238,11 @@ AXES_RESET_ON_SUCCESS = True
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_VERBOSE = False
 AXES_LOCKOUT_CALLABLE = "apps.accounts.lockout.lockout_response"
+# The lockout counts failures per client address, as the audit log records it: one function derives it.
+AXES_CLIENT_IP_CALLABLE = "apps.core.client_address.client_ip"
+# Reverse proxies whose X-Forwarded-For is believed (IPs or CIDRs); empty: the peer's address is the client's, and
+# X-Forwarded-For is ignored (anyone can send it). The ASGI server runs with --no-proxy-headers for the same reason.
+TRUSTED_PROXIES = env_networks("CONSOLE_TRUSTED_PROXIES")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

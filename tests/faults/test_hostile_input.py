@@ -7,13 +7,20 @@ tested (the ASGI server's access log, the settings at start).
 
 from __future__ import annotations
 
+import ipaddress
+import re
+from pathlib import Path
+
 import pytest
 from rest_framework.test import APIClient
 
 from apps.cluster.services import host_token_issue
+from apps.core.client_address import client_address
+from apps.core.models import AuditEvent
 from apps.jobs.models import Job
 
 pytestmark = [pytest.mark.faults]
+ROOT = Path(__file__).resolve().parents[2]
 
 DEEP = 100_000
 
@@ -91,3 +98,91 @@ def test_deep_json_in_the_dashboard_params_field_is_a_form_error(world):
     assert answer.status_code == 400
     assert "Nested deeper than 32 levels." in answer.content.decode()
     assert not Job.objects.exists()
+
+
+# --- 2. X-Forwarded-For only from trusted proxies
+
+PASSWORD = "pw-for-tests-123"
+
+
+def token_attempt(client: APIClient, username: str, password: str, forwarded_for: str):
+    return client.post("/api/v1/auth/token/", {"username": username, "password": password, "name": "t"},
+                       format="json", REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR=forwarded_for)
+
+
+def failed_login_addresses() -> list[str | None]:
+    return list(AuditEvent.objects.filter(action=AuditEvent.Action.LOGIN_FAILED).values_list("ip_address", flat=True))
+
+
+@pytest.mark.django_db
+def test_forged_forwarded_for_neither_dodges_the_lockout_nor_reaches_the_audit_log(world, settings):
+    settings.TRUSTED_PROXIES = ()
+    client = APIClient()
+    for attempt in range(5):  # the fifth failure locks the account out at once
+        assert token_attempt(client, "mia", "wrong", f"198.51.100.{attempt}").status_code == (429 if attempt == 4 else 400)
+    locked = token_attempt(client, "mia", PASSWORD, "198.51.100.77")
+    assert locked.status_code == 429, locked.content
+    assert not world.member.api_tokens.exists()
+    # Every failure (the refused sixth attempt too) is recorded under the peer's address, none under a forged one.
+    addresses = failed_login_addresses()
+    assert len(addresses) >= 5 and set(addresses) == {"127.0.0.1"}
+
+
+@pytest.mark.django_db
+def test_a_trusted_proxys_forwarded_for_is_the_client_address(world, settings):
+    settings.TRUSTED_PROXIES = (ipaddress.ip_network("127.0.0.1/32"),)
+    client = APIClient()
+    for attempt in range(5):
+        assert token_attempt(client, "mia", "wrong", "203.0.113.9, 127.0.0.1").status_code == (429 if attempt == 4 else 400)
+    assert token_attempt(client, "mia", PASSWORD, "203.0.113.9").status_code == 429
+    # Another client behind the same proxy is not locked out by the first one's failures.
+    assert token_attempt(client, "mia", PASSWORD, "203.0.113.10").status_code == 201
+    addresses = failed_login_addresses()
+    assert len(addresses) >= 5 and set(addresses) == {"203.0.113.9"}
+
+
+@pytest.mark.parametrize(("peer", "forwarded", "trusted", "expected"), [
+    ("127.0.0.1", "10.1.1.1", "", "127.0.0.1"),
+    ("10.0.0.2", "198.51.100.1, 10.0.0.3", "10.0.0.0/8", "198.51.100.1"),
+    ("10.0.0.2", "6.6.6.6, 198.51.100.1", "10.0.0.0/8", "198.51.100.1"),  # the client's own claim is not believed
+    ("10.0.0.2", "not-an-address", "10.0.0.0/8", "10.0.0.2"),
+    ("::1", "[2001:db8::1]:443", "::1", "2001:db8::1"),
+    ("", "1.2.3.4", "", None),
+])
+def test_client_address_rules(settings, peer, forwarded, trusted, expected):
+    settings.TRUSTED_PROXIES = tuple(ipaddress.ip_network(n) for n in trusted.split(",") if n)
+    assert client_address(peer, forwarded) == expected
+
+
+def test_trusted_proxies_setting_is_parsed_strictly(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from console.env import env_networks
+
+    monkeypatch.setenv("CONSOLE_TRUSTED_PROXIES", "127.0.0.1, 10.0.0.0/8,::1")
+    assert [str(n) for n in env_networks("CONSOLE_TRUSTED_PROXIES")] == ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]
+    monkeypatch.setenv("CONSOLE_TRUSTED_PROXIES", "proxy.example")
+    with pytest.raises(ImproperlyConfigured, match="CONSOLE_TRUSTED_PROXIES"):
+        env_networks("CONSOLE_TRUSTED_PROXIES")
+
+
+def uvicorn_commands() -> list[str]:
+    """Every command line of a recipe that starts the console's ASGI server."""
+    files = [ROOT / "Procfile", ROOT / "tests" / "integration" / "live.py",
+             *sorted((ROOT / "deploy").rglob("*.service")), *sorted((ROOT / "deploy").rglob("*.yaml")),
+             *sorted((ROOT / "deploy").rglob("Dockerfile*"))]
+    found = []
+    for path in files:
+        text = path.read_text()
+        for match in re.finditer(r"uvicorn\W+console\.asgi:application", text):
+            end = text.find("]", match.end()) if text[match.start() - 1] in "\"'" else text.find("\n", match.end())
+            found.append(f"{path.relative_to(ROOT)}: {text[match.start():end]}")
+    return found
+
+
+def test_every_recipe_runs_uvicorn_without_its_proxy_headers():
+    # uvicorn believes X-Forwarded-For from 127.0.0.1 by default and rewrites the peer address before Django sees it.
+    commands = uvicorn_commands()
+    assert len(commands) >= 6, commands
+    for command in commands:
+        assert "--no-proxy-headers" in command and "forwarded-allow-ips" not in command, command
