@@ -186,3 +186,57 @@ def test_every_recipe_runs_uvicorn_without_its_proxy_headers():
     assert len(commands) >= 6, commands
     for command in commands:
         assert "--no-proxy-headers" in command and "forwarded-allow-ips" not in command, command
+
+
+# --- 3. the websocket Origin check compares scheme, host and port
+
+
+def socket_answer(path: str, hdrs: list[tuple[bytes, bytes]]) -> int | None:
+    """None when the socket opened, else the close code."""
+    from asgiref.sync import async_to_sync
+    from channels.testing import WebsocketCommunicator
+
+    from console.asgi import application
+
+    async def run():
+        socket = WebsocketCommunicator(application, path, headers=hdrs)
+        connected, code = await socket.connect(timeout=5)
+        await socket.disconnect()
+        return None if connected else code
+
+    return async_to_sync(run)()
+
+
+def browser_headers(user, origin: bytes, host: bytes = b"127.0.0.1:8000") -> list[tuple[bytes, bytes]]:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return [(b"origin", origin), (b"host", host), (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("origin", [b"http://localhost:9999", b"https://evil.example", b"http://127.0.0.1:8000.evil",
+                                    b"https://127.0.0.1:8000", b"http://127.0.0.1:8001", b"http://127.0.0.1",
+                                    b"null", b"http://127.0.0.1:8000/path"])
+def test_foreign_origins_are_refused(world, origin):
+    assert socket_answer("/ws/cluster/", browser_headers(world.member, origin)) == 4403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_consoles_own_origin_opens_the_socket(world, settings):
+    assert socket_answer("/ws/cluster/", browser_headers(world.member, b"http://127.0.0.1:8000")) is None
+    # A Host the console does not serve makes no origin its own.
+    settings.ALLOWED_HOSTS = ["console.example.org"]
+    assert socket_answer("/ws/cluster/", browser_headers(world.member, b"http://127.0.0.1:8000")) == 4403
+    # Behind a TLS proxy (Django's SECURE_PROXY_SSL_HEADER), the https origin is the console's.
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    hdrs = browser_headers(world.member, b"https://console.example.org", b"console.example.org")
+    assert socket_answer("/ws/cluster/", hdrs + [(b"x-forwarded-proto", b"https")]) is None
+    assert socket_answer("/ws/cluster/", hdrs) == 4403
+    # A CSRF-trusted origin, port and all.
+    settings.CSRF_TRUSTED_ORIGINS = ["https://app.example.org:8443"]
+    assert socket_answer("/ws/cluster/", browser_headers(world.member, b"https://app.example.org:8443",
+                                                         b"console.example.org")) is None
+    assert socket_answer("/ws/cluster/", browser_headers(world.member, b"https://app.example.org",
+                                                         b"console.example.org")) == 4403
