@@ -31,6 +31,12 @@ if PRODUCTION and DEBUG:
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", None, required=PRODUCTION) or "dev-only-insecure-key-change-me"
 if PRODUCTION and len(SECRET_KEY) < 50:
     raise ImproperlyConfigured("Environment variable DJANGO_SECRET_KEY must be at least 50 characters long.")
+# The keys shipped in deploy/'s examples say "change-me": anyone who read them could forge sessions and CSRF tokens.
+if PRODUCTION and ("change-me" in SECRET_KEY.lower() or SECRET_KEY.startswith("django-insecure-")
+                   or len(set(SECRET_KEY)) < 5):
+    raise ImproperlyConfigured(
+        "Environment variable DJANGO_SECRET_KEY is an example or placeholder key (deploy/'s examples are public): "
+        "generate one, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(50))'.")
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]", "testserver"])
 if PRODUCTION and not ALLOWED_HOSTS:

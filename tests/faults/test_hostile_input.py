@@ -8,7 +8,10 @@ tested (the ASGI server's access log, the settings at start).
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,3 +243,42 @@ def test_the_consoles_own_origin_opens_the_socket(world, settings):
                                                          b"console.example.org")) is None
     assert socket_answer("/ws/cluster/", browser_headers(world.member, b"https://app.example.org",
                                                          b"console.example.org")) == 4403
+
+
+# --- 4. production refuses the example secret keys
+
+
+def example_secret_keys() -> set[str]:
+    """Every DJANGO_SECRET_KEY value written in deploy/ (env examples, compose, Helm values)."""
+    found = set()
+    for path in (ROOT / "deploy").rglob("*"):
+        if path.is_file() and path.suffix in {"", ".example", ".yaml", ".yml", ".env", ".md"}:
+            text = path.read_text(errors="replace")
+            found |= set(re.findall(r"DJANGO_SECRET_KEY[=:]\s*([^\s\"'$]{8,})", text))
+            found |= set(re.findall(r"djangoSecretKey:\s*\"?([^\s\"]{8,})", text))
+    return found
+
+
+def start_production(secret_key: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CONSOLE_", "DATABASE_URL",
+                                                                     "REDIS_URL", "CELERY_"))}
+    env.update(CONSOLE_MODE="production", DJANGO_SECRET_KEY=secret_key, DJANGO_ALLOWED_HOSTS="console.example.org",
+               DATABASE_URL="postgres://console@127.0.0.1:5432/console", DJANGO_SETTINGS_MODULE="console.settings")
+    return subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_production_refuses_every_example_secret_key():
+    keys = example_secret_keys()
+    assert "change-me-to-at-least-fifty-random-characters-0123456789abcdef" in keys, keys
+    for key in keys:
+        result = start_production(key)
+        assert result.returncode != 0, key
+        assert "DJANGO_SECRET_KEY is an example or placeholder key" in result.stderr, result.stderr[-2000:]
+
+
+def test_production_starts_with_a_real_secret_key():
+    import secrets
+
+    result = start_production(secrets.token_urlsafe(50))
+    assert result.returncode == 0, result.stderr[-2000:]
