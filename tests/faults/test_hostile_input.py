@@ -282,3 +282,58 @@ def test_production_starts_with_a_real_secret_key():
 
     result = start_production(secrets.token_urlsafe(50))
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# --- 5. websocket tickets never reach the access log
+
+
+def test_the_asgi_servers_log_never_shows_a_ticket(tmp_path):
+    import httpx
+    from websockets.exceptions import InvalidStatus, WebSocketException
+    from websockets.sync.client import connect
+
+    from tests.integration.live import free_port, wait_until
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CONSOLE_", "DATABASE_URL",
+                                                                     "REDIS_URL", "CELERY_"))}
+    env.update(CONSOLE_VAR_DIR=str(tmp_path / "var"), DJANGO_SETTINGS_MODULE="console.settings",
+               PYTHONPATH=str(ROOT))
+    log_path = tmp_path / "web.log"
+    # As the recipes start it, with the access log on (uvicorn's default level, info).
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--no-proxy-headers", "--log-level", "info"],
+        cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: "Application startup complete" in log_path.read_text(), timeout=60,
+                   what="uvicorn to start", details=log_path.read_text)
+        secrets_sent = ["wsT1cketSecretAAAA", "wsT1cketSecretBBBB"]
+        try:
+            with connect(f"ws://127.0.0.1:{port}/ws/cluster/?ticket={secrets_sent[0]}", open_timeout=10) as socket:
+                socket.recv(timeout=10)
+        except (InvalidStatus, WebSocketException, TimeoutError):
+            pass  # an unknown ticket is refused: what matters is the handshake's log line
+        # The same URL as a plain HTTP request goes to the access log proper.
+        httpx.get(f"http://127.0.0.1:{port}/ws/cluster/?after=1&ticket={secrets_sent[1]}", timeout=10)
+        wait_until(lambda: log_path.read_text().count("/ws/cluster/?") >= 2, timeout=30,
+                   what="both request lines in the log", details=log_path.read_text)
+        text = log_path.read_text()
+        assert '"WebSocket /ws/cluster/?ticket=[redacted]"' in text, text
+        assert "GET /ws/cluster/?after=1&ticket=[redacted] HTTP/1.1" in text, text
+        for secret in secrets_sent:
+            assert secret not in text, text
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("/ws/jobs/3/?ticket=abc", "/ws/jobs/3/?ticket=[redacted]"),
+    ("/ws/cluster/?a=1&TICKET=abc&b=2", "/ws/cluster/?a=1&TICKET=[redacted]&b=2"),
+    ("/ws/cluster/?myticket=abc", "/ws/cluster/?myticket=abc"),
+])
+def test_ticket_redaction(line, expected):
+    from console.log_redaction import redact
+
+    assert redact(line) == expected
