@@ -252,8 +252,13 @@ TRUSTED_PROXIES = env_networks("CONSOLE_TRUSTED_PROXIES")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
-API_TOKEN_DEFAULT_DAYS = env_int("CONSOLE_API_TOKEN_DAYS", 90, minimum=1)
+# The longest lifetime of an API token, whoever creates it (API, dashboard): the serializers, the form and
+# token_create all read this one value.
 API_TOKEN_MAX_DAYS = 366
+API_TOKEN_DEFAULT_DAYS = env_int("CONSOLE_API_TOKEN_DAYS", 90, minimum=1)
+if API_TOKEN_DEFAULT_DAYS > API_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured(
+        f"Environment variable CONSOLE_API_TOKEN_DAYS={API_TOKEN_DEFAULT_DAYS} must be at most {API_TOKEN_MAX_DAYS}.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -197,7 +197,7 @@ class DecisionForm(forms.Form):
 class TokenCreateForm(forms.Form):
     name = forms.CharField(max_length=100)
     expires_in_days = forms.IntegerField(
-        required=False, min_value=1, max_value=3650, label="Expires in (days)",
+        required=False, min_value=1, max_value=settings.API_TOKEN_MAX_DAYS, label="Expires in (days)",
         help_text=f"Blank: {settings.API_TOKEN_DEFAULT_DAYS} days.",
     )
 

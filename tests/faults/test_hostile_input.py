@@ -337,3 +337,32 @@ def test_ticket_redaction(line, expected):
     from console.log_redaction import redact
 
     assert redact(line) == expected
+
+
+# --- 6. the dashboard's token form has the API's lifetime cap
+
+
+@pytest.mark.django_db
+def test_dashboard_token_form_caps_the_lifetime_like_the_api(world, client_for, settings):
+    from django.test import Client
+
+    cap = settings.API_TOKEN_MAX_DAYS
+    browser = Client()
+    browser.force_login(world.member)
+    answer = browser.post("/accounts/tokens/", {"name": "forever", "expires_in_days": "3650"})
+    assert answer.status_code == 400
+    assert f"Ensure this value is less than or equal to {cap}." in answer.content.decode()
+    api = client_for(world.member).post("/api/v1/tokens/", {"name": "forever", "expires_in_days": 3650},
+                                        format="json")
+    assert api.status_code == 400 and "expires_in_days" in api.json()
+    assert not world.member.api_tokens.exists()
+    assert browser.post("/accounts/tokens/", {"name": "a year", "expires_in_days": str(cap)}).status_code == 200
+    assert world.member.api_tokens.get().name == "a year"
+
+
+def test_token_create_refuses_a_lifetime_past_the_cap(db, world, settings):
+    from apps.accounts.services import token_create
+
+    with pytest.raises(ValueError, match="1 to 366 days"):
+        token_create(user=world.member, name="x", expires_in_days=settings.API_TOKEN_MAX_DAYS + 1)
+    assert not world.member.api_tokens.exists()
