@@ -21,6 +21,7 @@ from apps.cluster.services import host_token_issue
 from apps.core.client_address import client_address
 from apps.core.models import AuditEvent
 from apps.jobs.models import Job
+from tests.conftest import train_spec
 
 pytestmark = [pytest.mark.faults]
 ROOT = Path(__file__).resolve().parents[2]
@@ -366,3 +367,64 @@ def test_token_create_refuses_a_lifetime_past_the_cap(db, world, settings):
     with pytest.raises(ValueError, match="1 to 366 days"):
         token_create(user=world.member, name="x", expires_in_days=settings.API_TOKEN_MAX_DAYS + 1)
     assert not world.member.api_tokens.exists()
+
+
+# --- 7. artifact listings are paged
+
+
+@pytest.mark.django_db
+def test_artifact_listing_pages_through_more_files_than_the_cap(world, client_for, settings, tmp_path):
+    from django.test import Client
+
+    from apps.jobs.api import MAX_ARTIFACTS_PER_PAGE
+
+    settings.ARTIFACT_STORE_URL = tmp_path.as_uri()
+    client = client_for(world.member)
+    job = client.post("/api/v1/jobs/", train_spec(), format="json").json()
+    outputs = tmp_path / str(job["id"]) / "outputs"
+    outputs.mkdir(parents=True)
+    total = MAX_ARTIFACTS_PER_PAGE + 5
+    for index in range(total):
+        (outputs / f"f{index:05d}.bin").write_bytes(b"x")
+
+    first = client.get(f"/api/v1/jobs/{job['id']}/artifacts/")
+    assert first.status_code == 200
+    assert len(first.json()) == MAX_ARTIFACTS_PER_PAGE and first["X-Truncated"] == "true"
+    assert first.json()[-1]["path"] == f"outputs/f{MAX_ARTIFACTS_PER_PAGE - 1:05d}.bin"
+    next_url = re.fullmatch(r'<(.+)>; rel="next"', first["Link"]).group(1)
+    second = client.get(next_url)
+    assert [a["path"] for a in second.json()] == [f"outputs/f{i:05d}.bin" for i in range(MAX_ARTIFACTS_PER_PAGE, total)]
+    assert "X-Truncated" not in second and "Link" not in second
+    assert client.get(f"/api/v1/jobs/{job['id']}/artifacts/?limit=100000").status_code == 400
+
+    browser = Client()
+    browser.force_login(world.member)
+    page = browser.get(f"/jobs/{job['id']}/").content.decode()
+    assert page.count(f"/api/v1/jobs/{job['id']}/artifacts/outputs/") == 200
+    assert "the full listing" in page
+
+
+def check_list_page(store, tmp_path) -> None:
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"abc")
+    names = sorted(f"d{i % 3}/f{i:03d}" for i in range(25))
+    for name in reversed(names):
+        store.put("job-9", name, source)
+    assert store.list_page("job-9", limit=10) == [(n, 3) for n in names[:10]]
+    assert store.list_page("job-9", after=names[9], limit=10) == [(n, 3) for n in names[10:20]]
+    assert store.list_page("job-9", after=names[19], limit=10) == [(n, 3) for n in names[20:]]
+    assert store.list_page("job-none", limit=10) == []
+
+
+def test_artifact_stores_list_one_page_in_path_order(tmp_path, monkeypatch):
+    from workers.runtime.artifacts import artifact_store_from_url
+
+    check_list_page(artifact_store_from_url((tmp_path / "store").as_uri()), tmp_path)
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    with moto.mock_aws():
+        boto3.client("s3").create_bucket(Bucket="artifacts")
+        check_list_page(artifact_store_from_url("s3://artifacts/console"), tmp_path)

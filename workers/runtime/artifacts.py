@@ -12,9 +12,11 @@ absolute paths, backslashes, empty parts) is rejected with ValueError.
 
 from __future__ import annotations
 
+import heapq
 import os
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 from urllib.parse import unquote, urlparse
@@ -55,6 +57,10 @@ class ArtifactStore(ABC):
     @abstractmethod
     def list(self, job_id: str) -> list[tuple[str, int]]:
         """(relpath, size in bytes) of every artifact of the job, sorted by path."""
+
+    def list_page(self, job_id: str, *, after: str = "", limit: int) -> list[tuple[str, int]]:
+        """At most `limit` of list()'s entries, those whose path sorts after `after` (a job may hold millions)."""
+        return [entry for entry in self.list(job_id) if entry[0] > after][:limit]
 
     @abstractmethod
     def open(self, job_id: str, relpath: str) -> IO[bytes]:
@@ -103,15 +109,21 @@ class LocalArtifactStore(ArtifactStore):
         shutil.copyfile(src_file, tmp)
         os.replace(tmp, target)
 
-    def list(self, job_id: str) -> list[tuple[str, int]]:
+    def _walk(self, job_id: str) -> Iterator[tuple[str, Path]]:
         job_dir = self.root / safe_job_id(job_id)
         if not job_dir.is_dir():
-            return []
-        found = []
+            return
         for path in job_dir.rglob("*"):
             if path.is_file() and not path.name.endswith(".part"):
-                found.append((path.relative_to(job_dir).as_posix(), path.stat().st_size))
-        return sorted(found)
+                yield path.relative_to(job_dir).as_posix(), path
+
+    def list(self, job_id: str) -> list[tuple[str, int]]:
+        return sorted((relpath, path.stat().st_size) for relpath, path in self._walk(job_id))
+
+    def list_page(self, job_id: str, *, after: str = "", limit: int) -> list[tuple[str, int]]:
+        # The walk visits every file, but keeps only `limit` of them in memory.
+        first = heapq.nsmallest(limit, ((relpath, path) for relpath, path in self._walk(job_id) if relpath > after))
+        return [(relpath, path.stat().st_size) for relpath, path in first]
 
     def open(self, job_id: str, relpath: str) -> IO[bytes]:
         return self._path(job_id, relpath).open("rb")
@@ -153,6 +165,19 @@ class S3ArtifactStore(ArtifactStore):
             for obj in page.get("Contents", []):
                 found.append((obj["Key"][len(prefix):], int(obj["Size"])))
         return sorted(found)
+
+    def list_page(self, job_id: str, *, after: str = "", limit: int) -> list[tuple[str, int]]:
+        # S3 lists keys in order: start after the cursor and stop once the page is full.
+        prefix = self._job_prefix(job_id)
+        options = {"StartAfter": prefix + after} if after else {}
+        found: list[tuple[str, int]] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                          **options):
+            for obj in page.get("Contents", []):
+                found.append((obj["Key"][len(prefix):], int(obj["Size"])))
+                if len(found) >= limit:
+                    return found
+        return found
 
     def open(self, job_id: str, relpath: str) -> IO[bytes]:
         key = self._key(job_id, relpath)
