@@ -8,6 +8,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from apps.core.parsers import json_depth_exceeds
+from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.jobs.models import MAX_STEPS, Job, JobEvent
 from apps.quotas.models import Priority
 
@@ -47,7 +48,7 @@ class WorkloadField(serializers.JSONField):
         if "builtin" in data:
             unknown = keys - {"builtin", "params"}
             if unknown:
-                raise serializers.ValidationError(f"Unknown keys: {', '.join(sorted(unknown))}.")
+                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
             if not isinstance(data["builtin"], str) or not data["builtin"]:
                 raise serializers.ValidationError({"builtin": ["Must be a workload name."]})
             params = data.get("params", {})
@@ -66,7 +67,7 @@ class WorkloadField(serializers.JSONField):
         if "command" in data:
             unknown = keys - {"command"}
             if unknown:
-                raise serializers.ValidationError(f"Unknown keys: {', '.join(sorted(unknown))}.")
+                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
             argv = data["command"]
             if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
                 raise serializers.ValidationError({"command": ["Must be a non-empty list of strings (argv)."]})
@@ -82,7 +83,7 @@ class WorkloadField(serializers.JSONField):
         raise serializers.ValidationError("Give 'builtin' (a built-in workload) or 'command' (an argv list).")
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200)
     team = serializers.SlugField(max_length=49, required=False)
     kind = serializers.ChoiceField(choices=Job.Kind.choices, default=Job.Kind.TRAIN)
@@ -219,5 +220,5 @@ class JobEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class CancelSerializer(serializers.Serializer):
+class CancelSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")

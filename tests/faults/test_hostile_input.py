@@ -428,3 +428,41 @@ def test_artifact_stores_list_one_page_in_path_order(tmp_path, monkeypatch):
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket="artifacts")
         check_list_page(artifact_store_from_url("s3://artifacts/console"), tmp_path)
+
+
+# --- 8. unknown fields are a 400 naming them
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("body", "errors"), [
+    (train_spec(gpuz=1), {"gpuz": ["Unknown field."]}),
+    (train_spec(max_retry=2, priorty="high"), {"max_retry": ["Unknown field."], "priorty": ["Unknown field."]}),
+    (train_spec(workload={"builtin": "mlp-digits", "parms": {}}), {"workload": {"parms": ["Unknown field."]}}),
+    (train_spec(workload={"command": ["python", "x.py"], "env": {}}), {"workload": {"env": ["Unknown field."]}}),
+])
+def test_unknown_fields_of_a_submission_are_a_400_naming_them(world, client_for, body, errors):
+    answer = client_for(world.member).post("/api/v1/jobs/", body, format="json")
+    assert answer.status_code == 400
+    assert answer.json() == errors
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_unknown_fields_elsewhere_are_a_400_too(world, client_for):
+    from apps.accounts.models import ApiToken
+
+    member, admin = client_for(world.member), client_for(world.admin)
+    assert member.post("/api/v1/tokens/", {"name": "ci", "expires": 9}, format="json").json() == {
+        "expires": ["Unknown field."]}
+    assert APIClient().post("/api/v1/auth/token/", {"username": "mia", "password": PASSWORD, "name": "x",
+                                                    "otp": "1"}, format="json").json() == {"otp": ["Unknown field."]}
+    assert not ApiToken.objects.exists()
+    quota = admin.patch("/api/v1/teams/vision/quota/", {"max_gpu": 1}, format="json")
+    assert quota.status_code == 400 and quota.json() == {"max_gpu": ["Unknown field."]}
+    assert world.vision.quota.max_gpus == 8
+    service = member.post("/api/v1/services/", {"name": "s", "team": "vision", "replicaz": 3}, format="json")
+    assert service.status_code == 400 and service.json()["replicaz"] == ["Unknown field."]
+    # Read-only fields a client read back are known, not errors.
+    back = admin.patch("/api/v1/teams/vision/quota/", {**admin.get("/api/v1/teams/vision/quota/").json(),
+                                                        "max_gpus": 6}, format="json")
+    assert back.status_code == 200, back.json()
