@@ -1,4 +1,7 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (session or ticket, Origin checked)."""
+"""ASGI entry point: HTTP through Django, websockets through Channels (session or ticket, Origin checked).
+
+Every recipe runs this module, so it also keeps websocket tickets out of the server's logs (console/log_redaction.py).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,12 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from console import log_redaction
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 django_asgi_app = get_asgi_application()
+# After Django's own logging setup: no websocket ticket reaches a log line of the ASGI server.
+log_redaction.install()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

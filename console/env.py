@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -59,3 +60,15 @@ def check_url_scheme(name: str, url: str, allowed: tuple[str, ...]) -> str:
             + ", ".join(f"{s}://" for s in allowed)
         )
     return url
+
+
+def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A comma-separated list of IP addresses or CIDR networks (an address is a network of one)."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"Environment variable {name} has {item!r}, which is no IP address or CIDR network.") from None
+    return tuple(networks)

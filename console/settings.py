@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import check_url_scheme, env_bool, env_int, env_list, env_str
+from console.env import check_url_scheme, env_bool, env_int, env_list, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # templates/ and static/ sit beside the code in a checkout; a non-editable install puts them under share/.
@@ -32,6 +32,12 @@ if PRODUCTION and DEBUG:
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", None, required=PRODUCTION) or "dev-only-insecure-key-change-me"
 if PRODUCTION and len(SECRET_KEY) < 50:
     raise ImproperlyConfigured("Environment variable DJANGO_SECRET_KEY must be at least 50 characters long.")
+# The keys shipped in deploy/'s examples say "change-me": anyone who read them could forge sessions and CSRF tokens.
+if PRODUCTION and ("change-me" in SECRET_KEY.lower() or SECRET_KEY.startswith("django-insecure-")
+                   or len(set(SECRET_KEY)) < 5):
+    raise ImproperlyConfigured(
+        "Environment variable DJANGO_SECRET_KEY is an example or placeholder key (deploy/'s examples are public): "
+        "generate one, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(50))'.")
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]", "testserver"])
 if PRODUCTION and not ALLOWED_HOSTS:
@@ -243,11 +249,21 @@ AXES_RESET_ON_SUCCESS = True
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_VERBOSE = False
 AXES_LOCKOUT_CALLABLE = "apps.accounts.lockout.lockout_response"
+# The lockout counts failures per client address, as the audit log records it: one function derives it.
+AXES_CLIENT_IP_CALLABLE = "apps.core.client_address.client_ip"
+# Reverse proxies whose X-Forwarded-For is believed (IPs or CIDRs); empty: the peer's address is the client's, and
+# X-Forwarded-For is ignored (anyone can send it). The ASGI server runs with --no-proxy-headers for the same reason.
+TRUSTED_PROXIES = env_networks("CONSOLE_TRUSTED_PROXIES")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
-API_TOKEN_DEFAULT_DAYS = env_int("CONSOLE_API_TOKEN_DAYS", 90, minimum=1)
+# The longest lifetime of an API token, whoever creates it (API, dashboard): the serializers, the form and
+# token_create all read this one value.
 API_TOKEN_MAX_DAYS = 366
+API_TOKEN_DEFAULT_DAYS = env_int("CONSOLE_API_TOKEN_DAYS", 90, minimum=1)
+if API_TOKEN_DEFAULT_DAYS > API_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured(
+        f"Environment variable CONSOLE_API_TOKEN_DAYS={API_TOKEN_DEFAULT_DAYS} must be at most {API_TOKEN_MAX_DAYS}.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -255,6 +271,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # DRF's JSON parser with a nesting cap (a deeply nested body is a 400, never a RecursionError).
+    "DEFAULT_PARSER_CLASSES": [
+        "apps.core.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "apps.core.api.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

@@ -6,18 +6,19 @@ from django.contrib.auth.password_validation import validate_password
 from rest_framework import serializers
 
 from apps.accounts.models import ApiToken, Membership, Role, Team, slug_validator
+from apps.core.serializers import RejectUnknownFieldsMixin
 
 User = get_user_model()
 
 
-class TokenRequestSerializer(serializers.Serializer):
+class TokenRequestSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=256, trim_whitespace=False, style={"input_type": "password"})
     name = serializers.CharField(max_length=100, required=False, default="api")
     expires_in_days = serializers.IntegerField(min_value=1, max_value=settings.API_TOKEN_MAX_DAYS, required=False)
 
 
-class TokenCreateSerializer(serializers.Serializer):
+class TokenCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=100)
     expires_in_days = serializers.IntegerField(min_value=1, max_value=settings.API_TOKEN_MAX_DAYS, required=False)
 
@@ -47,7 +48,7 @@ class MembershipOfUserSerializer(serializers.ModelSerializer):
         fields = ["team", "role"]
 
 
-class UserSerializer(serializers.ModelSerializer):
+class UserSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     password = serializers.CharField(write_only=True, required=False, max_length=256, trim_whitespace=False)
     memberships = MembershipOfUserSerializer(many=True, read_only=True)
 
@@ -81,7 +82,7 @@ class UserSerializer(serializers.ModelSerializer):
         return instance
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     slug = serializers.CharField(max_length=49, validators=[slug_validator])
     name = serializers.CharField(max_length=120, required=False, allow_blank=True)
 
@@ -108,7 +109,7 @@ class MembershipSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class MembershipWriteSerializer(serializers.Serializer):
+class MembershipWriteSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Role.choices)
 
@@ -119,5 +120,5 @@ class MembershipWriteSerializer(serializers.Serializer):
         return user
 
 
-class RoleSerializer(serializers.Serializer):
+class RoleSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices)

@@ -23,6 +23,8 @@ def token_create(
 ) -> tuple[ApiToken, str]:
     """Create a token; returns the row and the secret, which is never stored nor shown again."""
     days = expires_in_days or settings.API_TOKEN_DEFAULT_DAYS
+    if not 1 <= days <= settings.API_TOKEN_MAX_DAYS:  # the callers' validation says so first, naming the field
+        raise ValueError(f"a token lives 1 to {settings.API_TOKEN_MAX_DAYS} days, not {days}")
     secret = tokens.new_secret("gpc")
     with transaction.atomic():
         token = ApiToken.objects.create(

@@ -1,6 +1,24 @@
+from collections.abc import Mapping
+from typing import Any
+
 from rest_framework import serializers
 
 from apps.core.models import AuditEvent
+
+
+class RejectUnknownFieldsMixin:
+    """A body naming a field the serializer does not have is a 400 naming it (`{"gpuz": ["Unknown field."]}`).
+
+    DRF drops unknown fields silently: a typo (`gpuz`, `max_retry`) would submit a job other than the one meant.
+    Read-only fields are known (a client may send back what it read). For request bodies, not query strings.
+    """
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(str(name) for name in data if name not in self.fields)  # type: ignore[attr-defined]
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)  # type: ignore[misc]
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -5,13 +5,10 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import HttpRequest
 
+from apps.core.client_address import client_ip
 from apps.core.models import AuditEvent
 
-
-def client_ip(request: HttpRequest | None) -> str | None:
-    if request is None:
-        return None
-    return request.META.get("REMOTE_ADDR") or None
+__all__ = ["audit_record", "client_ip"]
 
 
 def audit_record(

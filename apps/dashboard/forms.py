@@ -12,7 +12,9 @@ from django.utils import timezone
 
 from apps.accounts.models import Role
 from apps.cluster.selectors import known_gpu_types
+from apps.core.parsers import JSONTooDeep, loads_bounded
 from apps.jobs.models import MAX_STEPS, Job
+from apps.jobs.serializers import MAX_PARAMS_DEPTH
 from apps.jobs.services import JobSpec
 from apps.quotas.models import Priority
 from workers.runtime.catalog import PRESETS, WORKLOADS
@@ -80,9 +82,11 @@ class JobSubmitForm(forms.Form):
         if not text:
             return {}
         try:
-            value = json.loads(text)
+            value = loads_bounded(text, MAX_PARAMS_DEPTH)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
+        except JSONTooDeep:
+            raise forms.ValidationError(f"Nested deeper than {MAX_PARAMS_DEPTH} levels.") from None
         if not isinstance(value, dict):
             raise forms.ValidationError("Give a JSON object, like {\"epochs\": 2}.")
         return value
@@ -193,7 +197,7 @@ class DecisionForm(forms.Form):
 class TokenCreateForm(forms.Form):
     name = forms.CharField(max_length=100)
     expires_in_days = forms.IntegerField(
-        required=False, min_value=1, max_value=3650, label="Expires in (days)",
+        required=False, min_value=1, max_value=settings.API_TOKEN_MAX_DAYS, label="Expires in (days)",
         help_text=f"Blank: {settings.API_TOKEN_DEFAULT_DAYS} days.",
     )
 

@@ -156,11 +156,15 @@ def _job_history(job: Job, gpus: list[Any]) -> dict[str, list[list[Any]]]:
     return series
 
 
+# The page lists the first artifacts (in path order) and links the API's listing for the rest.
+ARTIFACTS_SHOWN = 200
+
+
 def _artifacts(job: Job) -> list[tuple[str, int]]:
     from workers.runtime.artifacts import artifact_store_from_url
 
     try:
-        return artifact_store_from_url(settings.ARTIFACT_STORE_URL).list(str(job.pk))
+        return artifact_store_from_url(settings.ARTIFACT_STORE_URL).list_page(str(job.pk), limit=ARTIFACTS_SHOWN + 1)
     except Exception:  # noqa: BLE001 - a broken store must not break the page
         logger.warning("could not list artifacts of job %s", job.pk, exc_info=True)
         return []
@@ -174,6 +178,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     start = max(job.log_size - LOG_TAIL_CHARS, 0)
     log_text, log_next = job_selectors.job_log_slice(job, start, LOG_TAIL_CHARS)
     gpus = [a.gpu for a in active]
+    artifacts = _artifacts(job)
     return render(request, "dashboard/job_detail.html", {
         "job": job,
         "allocations": active,
@@ -183,7 +188,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "log_next": log_next,
         "may_cancel": not job.is_final and job_selectors.can_cancel(request.user, job),
         "history": _job_history(job, gpus),
-        "artifacts": _artifacts(job),
+        "artifacts": artifacts[:ARTIFACTS_SHOWN],
+        "artifacts_more": len(artifacts) > ARTIFACTS_SHOWN,
         "preset": PRESETS.get(job.preset),
         "live": {"job": job.pk, "log_next": log_next, "state": job.state, "final": job.is_final,
                  "gpus": [g.uuid for g in gpus]},

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import django_filters
 from django.db.models import Prefetch
 from django.http import FileResponse, Http404
@@ -41,6 +43,16 @@ class LogSliceSerializer(serializers.Serializer):
 class ArtifactSerializer(serializers.Serializer):
     path = serializers.CharField()
     size = serializers.IntegerField()
+
+
+# A job may write millions of files: a listing answers at most this many, in path order, and names the next page.
+MAX_ARTIFACTS_PER_PAGE = 1000
+
+
+class ArtifactQuerySerializer(serializers.Serializer):
+    after = serializers.CharField(required=False, default="", allow_blank=True, max_length=4096,
+                                  help_text="list the paths after this one (the previous page's last)")
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_ARTIFACTS_PER_PAGE, default=MAX_ARTIFACTS_PER_PAGE)
 
 
 class JobFilter(django_filters.FilterSet):
@@ -121,22 +133,42 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         complete = job.is_final and next_offset >= job.log_size
         return Response({"data": data, "next": next_offset, "complete": complete, "truncated": job.log_truncated})
 
-    @extend_schema(responses=ArtifactSerializer(many=True))
+    @extend_schema(
+        parameters=[ArtifactQuerySerializer],
+        responses=ArtifactSerializer(many=True),
+        description=f"At most `limit` ({MAX_ARTIFACTS_PER_PAGE}) files in path order; when more follow, the answer "
+                    "has `X-Truncated: true` and a `Link: <…?after=LAST>; rel=\"next\"` header.",
+    )
     @action(detail=True, methods=["get"])
     def artifacts(self, request: Request, pk: str | None = None) -> Response:
-        job = self.get_object()
-        files = artifact_store().list(str(job.pk))
-        return Response([{"path": path, "size": size} for path, size in files])
+        return artifact_listing(request, self.get_object().pk)
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     @action(detail=True, methods=["get"], url_path=r"artifacts/(?P<path>.+)")
     def artifact(self, request: Request, pk: str | None = None, path: str = "") -> FileResponse:
-        job = self.get_object()
-        try:
-            handle = artifact_store().open(str(job.pk), path)
-        except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise Http404("No such artifact.") from None
-        return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
+        return artifact_download(self.get_object().pk, path)
+
+
+def artifact_listing(request: Request, job_id: int) -> Response:
+    """One page of a job's artifacts (the user API and the job API)."""
+    query = ArtifactQuerySerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    after, limit = query.validated_data["after"], query.validated_data["limit"]
+    files = artifact_store().list_page(str(job_id), after=after, limit=limit + 1)
+    response = Response([{"path": path, "size": size} for path, size in files[:limit]])
+    if len(files) > limit:
+        response["X-Truncated"] = "true"
+        next_url = request.build_absolute_uri(f"?{urlencode({'after': files[limit - 1][0], 'limit': limit})}")
+        response["Link"] = f'<{next_url}>; rel="next"'
+    return response
+
+
+def artifact_download(job_id: int, path: str) -> FileResponse:
+    try:
+        handle = artifact_store().open(str(job_id), path)
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise Http404("No such artifact.") from None
+    return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
 
 
 def artifact_store():

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.http import FileResponse, Http404
+from django.http import FileResponse
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 from apps.core.schema import ErrorSerializer
 from apps.jobs import services
-from apps.jobs.api import ArtifactSerializer, artifact_store
+from apps.jobs.api import ArtifactSerializer, artifact_download, artifact_listing, artifact_store
 from apps.jobs.attempt_tokens import attempt_from_token
 from apps.jobs.models import Job
 from workers.runtime.artifacts import safe_relpath
@@ -111,8 +111,7 @@ class JobSelfProgressView(JobSelfView):
 class JobSelfArtifactsView(JobSelfView):
     @extend_schema(responses={200: ArtifactSerializer(many=True), 401: ErrorSerializer})
     def get(self, request: Request) -> Response:
-        files = artifact_store().list(str(request.auth.pk))
-        return Response([{"path": path, "size": size} for path, size in files])
+        return artifact_listing(request, request.auth.pk)
 
 
 class JobSelfArtifactView(JobSelfView):
@@ -120,11 +119,7 @@ class JobSelfArtifactView(JobSelfView):
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes, 401: ErrorSerializer, 404: ErrorSerializer})
     def get(self, request: Request, path: str) -> FileResponse:
-        try:
-            handle = artifact_store().open(str(request.auth.pk), path)
-        except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise Http404("No such artifact.") from None
-        return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
+        return artifact_download(request.auth.pk, path)
 
     @extend_schema(request={"application/octet-stream": bytes},
                    responses={201: ArtifactSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 413: ErrorSerializer})

@@ -7,11 +7,22 @@ from typing import Any, ClassVar
 from django.conf import settings
 from rest_framework import serializers
 
+from apps.core.parsers import json_depth_exceeds
+from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.jobs.models import MAX_STEPS, Job, JobEvent
 from apps.quotas.models import Priority
 
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
+# A built-in workload's params are a few flat values; nesting this deep is no configuration (the runtime, the
+# database's jsonb and every page that shows the job walk it).
+MAX_PARAMS_DEPTH = 32
+
+
+def params_depth_error(params: Any) -> str | None:
+    if json_depth_exceeds(params, MAX_PARAMS_DEPTH):
+        return f"Nested deeper than {MAX_PARAMS_DEPTH} levels."
+    return None
 
 
 def _has_nul(value: Any) -> bool:
@@ -37,12 +48,15 @@ class WorkloadField(serializers.JSONField):
         if "builtin" in data:
             unknown = keys - {"builtin", "params"}
             if unknown:
-                raise serializers.ValidationError(f"Unknown keys: {', '.join(sorted(unknown))}.")
+                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
             if not isinstance(data["builtin"], str) or not data["builtin"]:
                 raise serializers.ValidationError({"builtin": ["Must be a workload name."]})
             params = data.get("params", {})
             if not isinstance(params, dict):
                 raise serializers.ValidationError({"params": ["Must be an object."]})
+            too_deep = params_depth_error(params)
+            if too_deep:
+                raise serializers.ValidationError({"params": [too_deep]})
             # A NUL byte is no path, name or number: PostgreSQL's jsonb refuses it (a 500), the agent's exec too.
             with_nul = sorted(repr(name) if "\x00" in name else name for name, value in params.items()
                               if "\x00" in name or _has_nul(value))
@@ -53,7 +67,7 @@ class WorkloadField(serializers.JSONField):
         if "command" in data:
             unknown = keys - {"command"}
             if unknown:
-                raise serializers.ValidationError(f"Unknown keys: {', '.join(sorted(unknown))}.")
+                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
             argv = data["command"]
             if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
                 raise serializers.ValidationError({"command": ["Must be a non-empty list of strings (argv)."]})
@@ -69,7 +83,7 @@ class WorkloadField(serializers.JSONField):
         raise serializers.ValidationError("Give 'builtin' (a built-in workload) or 'command' (an argv list).")
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200)
     team = serializers.SlugField(max_length=49, required=False)
     kind = serializers.ChoiceField(choices=Job.Kind.choices, default=Job.Kind.TRAIN)
@@ -206,5 +220,5 @@ class JobEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class CancelSerializer(serializers.Serializer):
+class CancelSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")

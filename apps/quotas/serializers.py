@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.quotas.models import TeamQuota
 
 
-class TeamQuotaSerializer(serializers.ModelSerializer):
+class TeamQuotaSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     allowed_gpu_types = serializers.ListField(
         child=serializers.CharField(max_length=60), required=False, max_length=50

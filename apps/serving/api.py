@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.selectors import teams_visible_to
+from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.jobs.errors import JobPermissionError, JobSpecError
 from apps.serving import selectors, services
 from apps.serving.models import InferenceService, ServiceEvent
@@ -40,7 +41,7 @@ class ServiceSerializer(serializers.ModelSerializer):
         return f"/serve/{service.team.slug}/{service.name}/predict"
 
 
-class ServiceCreateSerializer(serializers.Serializer):
+class ServiceCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = serializers.SlugField(max_length=49)
     name = serializers.SlugField(max_length=49)
     workload = serializers.CharField(max_length=60)
@@ -56,7 +57,7 @@ class ServiceCreateSerializer(serializers.Serializer):
     batching = serializers.BooleanField(default=True)
 
 
-class ServiceScaleSerializer(serializers.Serializer):
+class ServiceScaleSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     min_replicas = serializers.IntegerField(min_value=0, max_value=64, required=False)
     max_replicas = serializers.IntegerField(min_value=1, max_value=64, required=False)
     target_p95_ms = serializers.FloatField(min_value=1, max_value=600_000, required=False, allow_null=True)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.telemetry.models import Alert, AlertRule
 
 
@@ -23,7 +24,7 @@ class AlertSerializer(serializers.ModelSerializer):
         return alert.gpu.uuid if alert.gpu_id else None
 
 
-class AlertRuleSerializer(serializers.ModelSerializer):
+class AlertRuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     teams = serializers.SlugRelatedField(slug_field="slug", many=True, required=False,
                                          queryset=AlertRule.teams.rel.model.objects.all())
 

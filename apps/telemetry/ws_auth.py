@@ -14,23 +14,68 @@ from channels.middleware import BaseMiddleware
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
-from django.http.request import validate_host
+from django.http.request import split_domain_port, validate_host
 
 from apps.telemetry import tickets
 
 
-def _origin(scope) -> str | None:
+def _header(scope, wanted: bytes) -> str | None:
     for name, value in scope.get("headers", []):
-        if name == b"origin":
+        if name == wanted:
             return value.decode("latin-1")
     return None
 
 
-def origin_allowed(origin: str) -> bool:
-    parsed = urlparse(origin)
-    if parsed.scheme not in {"http", "https"} or not parsed.hostname:
+def _origin(scope) -> str | None:
+    return _header(scope, b"origin")
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _scheme_host_port(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) origin, the port made explicit; None for anything else."""
+    parsed = urlparse(url)
+    if parsed.scheme not in _DEFAULT_PORTS or not parsed.hostname or parsed.path or parsed.query:
+        return None
+    try:
+        port = parsed.port or _DEFAULT_PORTS[parsed.scheme]
+    except ValueError:  # "127.0.0.1:8000.evil": no port at all
+        return None
+    return parsed.scheme, parsed.hostname.lower(), port
+
+
+def _secure(scope) -> bool:
+    if scope.get("scheme") == "wss":
+        return True
+    # Behind a TLS proxy, as Django decides it for pages (SECURE_PROXY_SSL_HEADER).
+    proxy_header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if proxy_header:
+        name, value = proxy_header
+        header = name.removeprefix("HTTP_").lower().replace("_", "-").encode()
+        return (_header(scope, header) or "").split(",")[0].strip() == value
+    return False
+
+
+def _own_origin(scope) -> tuple[str, str, int] | None:
+    """The console's origin as this request reached it: the scheme it came in on, and its (allowed) Host."""
+    host = _header(scope, b"host")
+    if not host:
+        return None
+    domain, port = split_domain_port(host)
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return None
+    return _scheme_host_port(f"{'https' if _secure(scope) else 'http'}://{host}")
+
+
+def origin_allowed(origin: str, scope=None) -> bool:
+    """The page opening the socket is the console's own (scheme, host and port), or a CSRF-trusted origin."""
+    claimed = _scheme_host_port(origin)
+    if claimed is None:
         return False
-    return validate_host(parsed.hostname, settings.ALLOWED_HOSTS) or origin in settings.CSRF_TRUSTED_ORIGINS
+    if any(claimed == _scheme_host_port(trusted) for trusted in settings.CSRF_TRUSTED_ORIGINS):
+        return True
+    return scope is not None and claimed == _own_origin(scope)
 
 
 @database_sync_to_async
@@ -43,7 +88,7 @@ class TicketMiddleware(BaseMiddleware):
         if scope["type"] == "websocket":
             origin = _origin(scope)
             ticket = parse_qs(scope.get("query_string", b"").decode()).get("ticket", [""])[0]
-            if origin is not None and not origin_allowed(origin):
+            if origin is not None and not origin_allowed(origin, scope):
                 await send({"type": "websocket.close", "code": 4403})
                 return
             if ticket:

@@ -99,7 +99,7 @@ def test_websocket_connect_matrix(world, two_jobs, persona):
     paths = {"/ws/cluster/": VISION | {"other"}, f"/ws/jobs/{vision.pk}/": VISION,
              f"/ws/jobs/{nlp.pk}/": {"admin", "other"}, "/ws/jobs/999999/": set()}
     refusal = {"/ws/cluster/": 4403}
-    session = [(b"origin", ORIGIN)] + ([(b"cookie", cookie_for(user))] if user else [])
+    session = [(b"origin", ORIGIN), (b"host", b"localhost")] + ([(b"cookie", cookie_for(user))] if user else [])
     api = APIClient()
     if user is not None:
         api.force_authenticate(user)
@@ -165,7 +165,7 @@ def test_streams_never_name_another_teams_jobs(world, two_jobs):
     sockets_of = {("cluster", p): "/ws/cluster/" for p in ["admin", "manager", "member", "viewer", "other"]}
     sockets_of |= {("vision-job", "member"): f"/ws/jobs/{vision.pk}/", ("nlp-job", "other"): f"/ws/jobs/{nlp.pk}/",
                    ("nlp-job", "admin"): f"/ws/jobs/{nlp.pk}/", ("vision-job", "viewer"): f"/ws/jobs/{vision.pk}/"}
-    headers = {key: [(b"origin", ORIGIN), (b"cookie", cookie_for(world.persona(key[1])))] for key in sockets_of}
+    headers = {key: [(b"origin", ORIGIN), (b"host", b"localhost"), (b"cookie", cookie_for(world.persona(key[1])))] for key in sockets_of}
 
     def samples(util: float) -> dict:
         return {"gpus": [dict(gpu_sample(g.index, util=util), processes=[{"pid": 100 + g.index, "memory_mb": 5,

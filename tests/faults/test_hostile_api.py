@@ -172,7 +172,9 @@ def test_fuzzed_job_specs_are_201_or_400_with_field_errors(world):
         event(f"answered {response.status_code}")
         if response.status_code == 400:
             errors = response.json()
-            assert isinstance(errors, dict) and set(errors) <= SPEC_FIELDS | {"non_field_errors"}, errors
+            unknown = set(spec) - SPEC_FIELDS if isinstance(spec, dict) else set()
+            assert isinstance(errors, dict) and set(errors) <= SPEC_FIELDS | unknown | {"non_field_errors"}, errors
+            assert all(errors[name] == ["Unknown field."] for name in unknown & set(errors)), errors
             assert_messages(errors)
             assert (Job.objects.count(), JobEvent.objects.count(), AuditEvent.objects.count()) == before
         else:

@@ -34,7 +34,7 @@ def cookie_for(user) -> bytes:
 def headers(user=None, origin: bytes | None = ORIGIN) -> list[tuple[bytes, bytes]]:
     found = []
     if origin is not None:
-        found.append((b"origin", origin))
+        found += [(b"origin", origin), (b"host", b"localhost")]  # a browser on the console's own page
     if user is not None:
         found.append((b"cookie", cookie_for(user)))
     return found

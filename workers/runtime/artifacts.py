@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
 import os
 import shutil
 import stat
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 from urllib.parse import unquote, urlparse
@@ -58,6 +60,10 @@ class ArtifactStore(ABC):
     @abstractmethod
     def list(self, job_id: str) -> list[tuple[str, int]]:
         """(relpath, size in bytes) of every artifact of the job, sorted by path."""
+
+    def list_page(self, job_id: str, *, after: str = "", limit: int) -> list[tuple[str, int]]:
+        """At most `limit` of list()'s entries, those whose path sorts after `after` (a job may hold millions)."""
+        return [entry for entry in self.list(job_id) if entry[0] > after][:limit]
 
     @abstractmethod
     def open(self, job_id: str, relpath: str) -> IO[bytes]:
@@ -139,24 +145,30 @@ class LocalArtifactStore(ArtifactStore):
         finally:
             os.close(dir_fd)
 
-    def list(self, job_id: str) -> list[tuple[str, int]]:
+    def _walk(self, job_id: str) -> Iterator[tuple[str, int]]:
+        """(relpath, size) of each regular file of the job, found through descriptors (never follows links)."""
         job = safe_job_id(job_id)
         try:
             dir_fd = self._open_dir([job])
         except (ValueError, FileNotFoundError):
-            return []  # no folder, or a link in place of it
-        found = []
+            return  # no folder, or a link in place of it
         try:
-            for folder, _, files, folder_fd in os.fwalk(".", dir_fd=dir_fd):  # never follows links
+            for folder, _, files, folder_fd in os.fwalk(".", dir_fd=dir_fd):
                 for name in files:
                     if name.endswith(".part"):
                         continue
                     info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
                     if stat.S_ISREG(info.st_mode):
-                        found.append((os.path.normpath(os.path.join(folder, name)), info.st_size))
+                        yield os.path.normpath(os.path.join(folder, name)), info.st_size
         finally:
             os.close(dir_fd)
-        return sorted(found)
+
+    def list(self, job_id: str) -> list[tuple[str, int]]:
+        return sorted(self._walk(job_id))
+
+    def list_page(self, job_id: str, *, after: str = "", limit: int) -> list[tuple[str, int]]:
+        # The walk visits every file, but keeps only `limit` of them in memory.
+        return heapq.nsmallest(limit, (entry for entry in self._walk(job_id) if entry[0] > after))
 
     def open(self, job_id: str, relpath: str) -> IO[bytes]:
         folders, name = self._split(job_id, relpath)
@@ -212,6 +224,19 @@ class S3ArtifactStore(ArtifactStore):
             for obj in page.get("Contents", []):
                 found.append((obj["Key"][len(prefix):], int(obj["Size"])))
         return sorted(found)
+
+    def list_page(self, job_id: str, *, after: str = "", limit: int) -> list[tuple[str, int]]:
+        # S3 lists keys in order: start after the cursor and stop once the page is full.
+        prefix = self._job_prefix(job_id)
+        options = {"StartAfter": prefix + after} if after else {}
+        found: list[tuple[str, int]] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                          **options):
+            for obj in page.get("Contents", []):
+                found.append((obj["Key"][len(prefix):], int(obj["Size"])))
+                if len(found) >= limit:
+                    return found
+        return found
 
     def open(self, job_id: str, relpath: str) -> IO[bytes]:
         key = self._key(job_id, relpath)

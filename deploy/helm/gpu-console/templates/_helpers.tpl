@@ -38,6 +38,8 @@ app.kubernetes.io/component: {{ .component }}
   value: file:///artifacts
 - name: CONSOLE_SCHEDULER_POLICY
   value: {{ .Values.console.schedulerPolicy | quote }}
+- name: CONSOLE_TRUSTED_PROXIES
+  value: {{ join "," .Values.console.trustedProxies | quote }}
 {{- range $name, $value := .Values.console.extraEnv }}
 - name: {{ $name }}
   value: {{ $value | quote }}
