@@ -136,16 +136,7 @@ def test_redis_restart_loses_no_job_and_runs_none_twice(cluster):
 
 def browser_session(cluster) -> httpx.Client:
     """A logged-in browser: a session cookie, so every page reads the database."""
-    from tests.integration.live import ADMIN_PASSWORD
-
-    browser = httpx.Client(base_url=cluster.url, timeout=15)
-    browser.get("/accounts/login/")
-    response = browser.post("/accounts/login/", data={
-        "username": "admin", "password": ADMIN_PASSWORD, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
-        headers={"Referer": f"{cluster.url}/accounts/login/"})
-    assert response.status_code == 302, response.text[:500]
-    assert browser.get("/").status_code == 200
-    return browser
+    return cluster.browser()
 
 
 def test_postgres_restart_answers_503_recovers_and_loses_nothing_acknowledged(cluster):

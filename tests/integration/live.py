@@ -197,6 +197,17 @@ class LiveCluster:
             self._admin = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         return self._admin
 
+    def browser(self) -> httpx.Client:
+        """A logged-in browser: the admin's session cookie, for the pages."""
+        browser = httpx.Client(base_url=self.url, timeout=15)
+        browser.get("/accounts/login/")
+        response = browser.post("/accounts/login/", data={
+            "username": "admin", "password": ADMIN_PASSWORD, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+            headers={"Referer": f"{self.url}/accounts/login/"})
+        assert response.status_code == 302, response.text[:500]
+        assert browser.get("/").status_code == 200
+        return browser
+
     def _server_answers(self) -> bool:
         try:
             return httpx.get(f"{self.url}/accounts/login/", timeout=2).status_code == 200

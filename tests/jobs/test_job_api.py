@@ -120,3 +120,13 @@ def test_only_the_host_of_the_current_attempt_may_report_on_it(running):
     assert job.state == "placed" and job.steps_done != 5
     assert agent(other_secret).post(f"/api/v1/agent/jobs/{job.pk}/status/", {"state": "running", "attempt": 2},
                                     format="json").json()["accepted"]
+
+
+def test_what_a_job_stores_downloads_at_the_documented_path_with_or_without_a_slash(running, world, client_for):
+    job, dispatch, _ = running
+    job_client(dispatch.job_token).put("/api/v1/job/artifacts/outputs/model.txt", b"weights",
+                                       content_type="application/octet-stream")
+    for url in (f"/api/v1/jobs/{job.pk}/artifacts/outputs/model.txt", f"/api/v1/jobs/{job.pk}/artifacts/outputs/model.txt/"):
+        answer = client_for(world.member).get(url)
+        assert answer.status_code == 200 and b"".join(answer.streaming_content) == b"weights", url
+    assert client_for(world.other).get(f"/api/v1/jobs/{job.pk}/artifacts/outputs/model.txt").status_code == 404
