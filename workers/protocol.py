@@ -52,6 +52,9 @@ class Dispatch:
     # A fractional job's part of its one GPU, and the memory it asked for (the agent enforces both).
     gpu_share: float = 1.0
     gpu_memory_mb: int | None = None
+    # The job's CPUs and memory on this host (its cgroup's limits); None: none sent (an older console).
+    cpus: float | None = None
+    memory_gb: float | None = None
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -82,9 +85,20 @@ class Dispatch:
                 rendezvous=Rendezvous(**rendezvous) if rendezvous else None,
                 gpu_share=float(message.get("gpu_share", 1.0)),
                 gpu_memory_mb=None if message.get("gpu_memory_mb") is None else int(message["gpu_memory_mb"]),
+                cpus=_positive_or_none(message.get("cpus"), "cpus"),
+                memory_gb=_positive_or_none(message.get("memory_gb"), "memory_gb"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None
+
+
+def _positive_or_none(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{name} must be a number > 0, not {value!r}")
+    return number
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The job shim: the agent starts every job through it, and it owns the job's whole process tree.
 
-    python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace [--uid U --gid G --groups G1,G2] -- argv...
+    python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace [--uid U --gid G --groups G1,G2]
+        [--cgroup-procs /sys/fs/cgroup/.../cgroup.procs ...] -- argv...
 
 It makes itself a child subreaper, so every process the job starts stays in its subtree even when the job
 daemonizes or when torchrun puts its workers in process groups of their own. It ends the whole tree:
@@ -23,6 +24,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+from workers.agent import cgroups
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -65,8 +68,9 @@ def signal_tree(sig: int) -> None:
 
 class Shim:
     def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None,
-                 user: tuple[int, int, list[int]] | None = None) -> None:
+                 user: tuple[int, int, list[int]] | None = None, cgroup_procs: list[str] | None = None) -> None:
         self.argv = argv
+        self.cgroup_procs = cgroup_procs or []  # the job's cgroup(s): its first process joins before exec
         self.grace_s = grace_s
         self.stop_file = stop_file
         self.user = user  # (uid, gid, supplementary groups) the job runs as; None: the shim's own
@@ -90,6 +94,11 @@ class Shim:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                try:  # still privileged; the shim itself stays outside. Never run a job without its limits.
+                    cgroups.join(self.cgroup_procs)
+                except OSError as exc:
+                    print(f"[agent] could not start the job in its cgroup: {exc}", file=sys.stderr, flush=True)
+                    os._exit(126)
                 if self.user is not None:
                     uid, gid, groups = self.user
                     os.setgroups(groups)
@@ -151,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--uid", type=int, help="run the job's processes as this user id (the shim stays as is)")
     parser.add_argument("--gid", type=int)
     parser.add_argument("--groups", default="", help="supplementary group ids, comma-separated")
+    parser.add_argument("--cgroup-procs", action="append", default=[], metavar="FILE",
+                        help="a cgroup.procs file the job's first process joins before it execs (repeatable)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -161,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.gid is None:
             parser.error("--uid needs --gid")
         user = (args.uid, args.gid, [int(group) for group in args.groups.split(",") if group])
-    exit_like(Shim(command, args.grace, args.stop_file, user).run())
+    exit_like(Shim(command, args.grace, args.stop_file, user, args.cgroup_procs).run())
 
 
 if __name__ == "__main__":
