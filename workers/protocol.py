@@ -119,6 +119,9 @@ class Registration:
     driver_version: str = ""
     cuda_version: str = ""
     address: str = ""
+    # What the host can give jobs (the console refuses a job asking more than the largest host has); 0: unknown.
+    cpus: int = 0
+    memory_mb: int = 0
     protocol: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:

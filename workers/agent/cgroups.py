@@ -93,6 +93,13 @@ def cfs_quota_us(cpus: float, period_us: int = CFS_PERIOD_US) -> int:
     return max(CFS_MIN_QUOTA_US, math.ceil(cpus * period_us))
 
 
+def host_capacity() -> tuple[int, int]:
+    """(CPUs this agent may use, memory MiB) of this host: what it registers, so the console refuses a job
+    that asks more than any host has."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+    return cpus, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
+
+
 # --- layout
 
 
