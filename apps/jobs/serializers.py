@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -71,12 +70,10 @@ class WorkloadField(serializers.JSONField):
 
 
 class PositiveFloatField(serializers.FloatField):
-    """A finite number strictly above zero ("nan" and "inf" pass DRF's FloatField and its bounds)."""
+    """A number strictly above zero (DRF's FloatField already refuses nan and inf; min_value would allow 0)."""
 
     def to_internal_value(self, data: Any) -> float:
         value = super().to_internal_value(data)
-        if not math.isfinite(value):
-            self.fail("invalid")
         if value <= 0:
             raise serializers.ValidationError("Must be greater than 0.")
         return value
