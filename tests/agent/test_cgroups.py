@@ -393,3 +393,19 @@ def test_limits_from_a_dispatch():
     assert limits.memory_bytes == 256 * MB and limits.cpus == 2.0 and limits.pids == cgroups.DEFAULT_PIDS_MAX
     assert limits.describe() == {"cpus": 2.0, "memory_gb": 0.25, "pids": cgroups.DEFAULT_PIDS_MAX}
     assert Limits.of(None, None).memory_bytes is None
+
+
+def test_an_agent_not_run_as_root_turns_limits_off_and_says_why(caplog):
+    if os.geteuid() != 0 or cgroups.detect().version == "none":
+        pytest.skip("needs root (to act as nobody for a moment) and a cgroup hierarchy")
+    os.setegid(65534)
+    os.seteuid(65534)
+    try:
+        support = CgroupSupport(parent="gpu-agent")
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+    assert not support.enabled and "not writable by this agent (uid 65534)" in support.reason
+    assert support.job(HOST, 1, 1, Limits()) is None
+    assert support.describe(_dispatch()) == {"applied": False, "reason": support.reason}
+    assert "job limits are off" in caplog.text

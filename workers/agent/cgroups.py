@@ -160,7 +160,7 @@ class CgroupSupport:
         elif not self.reason:
             base = next(iter(self.host_dirs("probe").values())).parent
             writable = next((folder for folder in [base, *base.parents] if folder.exists()), None)
-            if writable is None or not os.access(writable, os.W_OK):
+            if writable is None or not os.access(writable, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
                 self.reason = (f"{self.layout.version} cgroups at {writable} are not writable by this agent "
                                f"(uid {os.geteuid()}); run the agent as root")
         if self.reason:
