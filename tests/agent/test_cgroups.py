@@ -409,3 +409,21 @@ def test_an_agent_not_run_as_root_turns_limits_off_and_says_why(caplog):
     assert support.job(HOST, 1, 1, Limits()) is None
     assert support.describe(_dispatch()) == {"applied": False, "reason": support.reason}
     assert "job limits are off" in caplog.text
+
+
+def test_job_cgroups_left_by_a_previous_run_are_removed_when_the_agent_starts(tmp_path):
+    support = _real_support(tmp_path)
+    left = support.job(HOST, 11, 1, Limits(memory_bytes=128 * MB))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                               preexec_fn=lambda: cgroups.join([str(p) for p in left.procs_files()]))  # noqa: PLW1509
+    try:
+        again = CgroupSupport(support.layout, parent=support.parent)  # the agent, restarted
+        assert again.off_reason(HOST) == ""
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+        assert not any(folder.exists() for folder in left.dirs.values())
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        for folder in support.host_dirs(HOST).values():
+            for path in (folder, folder.parent):
+                cgroups._remove_dir(path)

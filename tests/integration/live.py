@@ -262,13 +262,15 @@ class LiveCluster:
 
     def _remove_cgroup_folders(self) -> None:
         """The agents' (empty) cgroup folders for their hosts, and the cluster's parent folder."""
-        from workers.agent.cgroups import CgroupSupport
+        from workers.agent.cgroups import CgroupSupport, remove_stale
 
         support = CgroupSupport(parent=self.env.get("GPU_AGENT_CGROUP_PARENT", ""))
         if not support.enabled or not support.parent:
             return
         for name in self.agents:
             for folder in support.host_dirs(name).values():
+                with contextlib.suppress(OSError):
+                    remove_stale(folder)  # jobs still running when the agents were stopped
                 for path in (folder, folder.parent):
                     with contextlib.suppress(OSError):
                         path.rmdir()

@@ -190,6 +190,7 @@ class CgroupSupport:
                         _enable_v2_controllers(self.layout.root, folder)
                     else:
                         folder.mkdir(parents=True, exist_ok=True)
+                    remove_stale(folder)
                 self._hosts[host] = ""
             except OSError as exc:
                 self._hosts[host] = f"could not prepare the agent's cgroups: {exc}"
@@ -399,6 +400,16 @@ class JobCgroup:
             _write_if_present(unified / "cgroup.kill", "1")
         for folder in sorted(self.dirs.values(), key=lambda path: len(path.parts), reverse=True):
             _remove_dir(folder)
+
+
+def remove_stale(host_folder: Path) -> list[Path]:
+    """Remove the job cgroups a previous run of this agent left (it died before its jobs' ends were handled)."""
+    stale = sorted(host_folder.glob("job-*"))
+    for folder in stale:
+        _remove_dir(folder)
+    if stale:
+        logger.warning("removed %d job cgroups left by a previous run of the agent under %s", len(stale), host_folder)
+    return stale
 
 
 def _remove_dir(folder: Path) -> None:
