@@ -45,6 +45,22 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_float(name: str, default: float, *, above: float | None = None) -> float:
+    """A finite number; with `above`, strictly greater than it."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is not a number.") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is not a finite number.")
+    if above is not None and value <= above:
+        raise ImproperlyConfigured(f"Environment variable {name}={value:g} must be greater than {above:g}.")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import check_url_scheme, env_bool, env_int, env_list, env_networks, env_str
+from console.env import check_url_scheme, env_bool, env_float, env_int, env_list, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # templates/ and static/ sit beside the code in a checkout; a non-editable install puts them under share/.
@@ -314,6 +314,9 @@ JOBS_SUBMIT_PER_MINUTE = env_int("CONSOLE_SUBMIT_PER_MINUTE", 600, minimum=1)
 JOBS_LOG_MAX_CHARS = env_int("CONSOLE_JOB_LOG_MAX_CHARS", 10_000_000, minimum=1000)
 # The largest file a running job may store through the job API (PUT /api/v1/job/artifacts/...).
 JOB_ARTIFACT_MAX_BYTES = env_int("CONSOLE_JOB_ARTIFACT_MAX_MB", 4096, minimum=1) * 1024 * 1024
+# A job's CPUs and memory (its cgroup's limits on the host) when its spec names none: per GPU it asks for.
+JOBS_CPUS_PER_GPU = env_float("CONSOLE_JOB_CPUS_PER_GPU", 4.0, above=0)
+JOBS_MEMORY_GB_PER_GPU = env_float("CONSOLE_JOB_MEMORY_GB_PER_GPU", 32.0, above=0)
 # Where checkpoints, logs and outputs live: a directory every host reaches, or s3://bucket/prefix.
 ARTIFACT_STORE_URL = env_str("CONSOLE_ARTIFACTS", None) or (VAR_DIR / "artifacts").as_uri()
 

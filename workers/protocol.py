@@ -55,6 +55,9 @@ class Dispatch:
     # The attempt's own credential for the console's job API (apps/jobs/attempt_tokens.py): handed to the job
     # as CONSOLE_JOB_TOKEN, in place of any secret of the agent's.
     job_token: str = ""
+    # The job's CPUs and memory on this host (its cgroup's limits); None: none sent (an older console).
+    cpus: float | None = None
+    memory_gb: float | None = None
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -86,9 +89,20 @@ class Dispatch:
                 gpu_share=float(message.get("gpu_share", 1.0)),
                 gpu_memory_mb=None if message.get("gpu_memory_mb") is None else int(message["gpu_memory_mb"]),
                 job_token=str(message.get("job_token") or ""),
+                cpus=_positive_or_none(message.get("cpus"), "cpus"),
+                memory_gb=_positive_or_none(message.get("memory_gb"), "memory_gb"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None
+
+
+def _positive_or_none(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{name} must be a number > 0, not {value!r}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,9 @@ class Registration:
     driver_version: str = ""
     cuda_version: str = ""
     address: str = ""
+    # What the host can give jobs (the console refuses a job asking more than the largest host has); 0: unknown.
+    cpus: int = 0
+    memory_mb: int = 0
     protocol: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:

@@ -18,6 +18,8 @@ class Host(models.Model):
     driver_version = models.CharField(max_length=40, blank=True)
     cuda_version = models.CharField(max_length=40, blank=True)
     address = models.CharField(max_length=200, blank=True, help_text="Address other hosts use to reach this one.")
+    cpus = models.PositiveIntegerField(default=0, help_text="CPUs the agent may give jobs (0: not reported).")
+    memory_mb = models.PositiveBigIntegerField(default=0, help_text="Host memory in MiB (0: not reported).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import connection
 from django.db.models import QuerySet
@@ -27,6 +27,11 @@ class GpuPools:
 
     counts: dict[str, int]
     memory_mb: dict[str, int]
+    # Per type: the most CPUs and memory (MiB) one host with such GPUs reported (0: unknown), and the most of
+    # these GPUs one host has.
+    host_cpus: dict[str, int] = field(default_factory=dict)
+    host_memory_mb: dict[str, int] = field(default_factory=dict)
+    per_host: dict[str, int] = field(default_factory=dict)
 
     def known(self, gpu_type: str) -> bool:
         return gpu_type in self.counts
@@ -38,18 +43,35 @@ class GpuPools:
     def largest_memory_mb(self, gpu_type: str | None) -> int:
         return self.memory_mb.get(gpu_type, 0) if gpu_type else max(self.memory_mb.values(), default=0)
 
+    def _largest(self, values: dict[str, int], gpu_type: str | None) -> int:
+        return values.get(gpu_type, 0) if gpu_type else max(values.values(), default=0)
 
-# The GPUs by type: how many are usable (not faulty) and the largest memory among those.
+    def host_capacity(self, gpu_type: str | None) -> tuple[int, int, int]:
+        """(CPUs, memory MiB, GPUs) of the largest host of this GPU type (of any, without one); 0: unknown."""
+        return (self._largest(self.host_cpus, gpu_type), self._largest(self.host_memory_mb, gpu_type),
+                self._largest(self.per_host, gpu_type))
+
+
+# The GPUs by type: how many are usable (not faulty), the largest memory among those, and the largest host
+# (CPUs, memory, GPUs of the type) that has them.
 _POOLS_SQL = f"""
-    SELECT gpu_type, SUM(CASE WHEN health <> %s THEN 1 ELSE 0 END) AS n,
-           MAX(CASE WHEN health <> %s THEN memory_mb END) AS memory_mb
-    FROM {GPU._meta.db_table} GROUP BY gpu_type"""
+    SELECT q.gpu_type, SUM(q.n) AS n, MAX(q.memory_mb) AS memory_mb, MAX(q.host_cpus) AS host_cpus,
+           MAX(q.host_memory_mb) AS host_memory_mb, MAX(q.n) AS per_host
+    FROM (SELECT g.gpu_type, g.host_id, SUM(CASE WHEN g.health <> %s THEN 1 ELSE 0 END) AS n,
+                 MAX(CASE WHEN g.health <> %s THEN g.memory_mb END) AS memory_mb,
+                 MAX(h.cpus) AS host_cpus, MAX(h.memory_mb) AS host_memory_mb
+          FROM {GPU._meta.db_table} g JOIN {Host._meta.db_table} h ON h.id = g.host_id
+          GROUP BY g.gpu_type, g.host_id) q
+    GROUP BY q.gpu_type"""
 _POOLS_PARAMS = [GPU.Health.FAULTY, GPU.Health.FAULTY]
 
 
 def _pools(rows) -> GpuPools:
-    return GpuPools(counts={gpu_type: int(n) for gpu_type, n, _ in rows},
-                    memory_mb={gpu_type: memory_mb or 0 for gpu_type, _, memory_mb in rows})
+    def column(index: int) -> dict[str, int]:
+        return {row[0]: int(row[index] or 0) for row in rows}
+
+    return GpuPools(counts=column(1), memory_mb=column(2), host_cpus=column(3), host_memory_mb=column(4),
+                    per_host=column(5))
 
 
 def gpu_pools() -> GpuPools:
@@ -67,7 +89,8 @@ def gpu_pools_subquery() -> tuple[str, list[str]]:
     """`gpu_pools` as a scalar subquery giving JSON (SQL and parameters), to read in a caller's own statement."""
     aggregate, row = (("json_agg", "json_build_array") if connection.vendor == "postgresql"
                       else ("json_group_array", "json_array"))
-    return f"(SELECT {aggregate}({row}(p.gpu_type, p.n, p.memory_mb)) FROM ({_POOLS_SQL}) p)", _POOLS_PARAMS
+    columns = "p.gpu_type, p.n, p.memory_mb, p.host_cpus, p.host_memory_mb, p.per_host"
+    return f"(SELECT {aggregate}({row}({columns})) FROM ({_POOLS_SQL}) p)", _POOLS_PARAMS
 
 
 def gpu_pools_from_json(value: str | list | None) -> GpuPools:

@@ -61,6 +61,7 @@ def host_register(host: Host, registration: dict) -> Host:
         host.cuda_version = str(registration.get("cuda_version", ""))[:40]
         host.simulated = bool(registration.get("simulated"))
         host.address = str(registration.get("address", ""))[:200]
+        host.cpus, host.memory_mb = _capacity(registration)
         host.last_heartbeat = now
         if host.state == Host.State.DOWN:
             host.state = Host.State.DRAINING if host.drain else Host.State.UP
@@ -83,6 +84,15 @@ def host_register(host: Host, registration: dict) -> Host:
             health=GPU.Health.FAULTY, health_reason="not reported by the agent at its last registration"
         )
     return host
+
+
+def _capacity(registration: dict) -> tuple[int, int]:
+    """The host's CPUs and memory (MiB) as the agent reported them; 0 for what it did not (older agents)."""
+    values = []
+    for name, top in (("cpus", 1 << 20), ("memory_mb", 1 << 40)):
+        value = registration.get(name, 0)
+        values.append(value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top else 0)
+    return values[0], values[1]
 
 
 def host_heartbeat(host: Host) -> bool:

@@ -11,6 +11,9 @@ from apps.quotas.models import Priority
 # The largest max_steps a job may ask for: what its PositiveIntegerField holds on every database (PostgreSQL's
 # integer), so a bigger one is a 400, never a database error.
 MAX_STEPS = 2**31 - 1
+# Bounds of a job's cpus and memory_gb whatever the hosts (a typo like 10**9 is a 400 even before any registers).
+MAX_JOB_CPUS = 4096
+MAX_JOB_MEMORY_GB = 65536
 
 
 class Job(models.Model):
@@ -41,6 +44,10 @@ class Job(models.Model):
     gpu_share_units = models.PositiveSmallIntegerField(default=100)
     gpu_memory_mb = models.PositiveIntegerField(null=True, blank=True)
     gpu_type = models.CharField(max_length=60, blank=True)
+    # CPUs and host memory the job may use (its cgroup's limits), as granted at submission: what it asked for,
+    # or the per-GPU defaults. Null for jobs from before: their hosts apply only the process-count limit.
+    cpus = models.FloatField(null=True, blank=True)
+    memory_gb = models.FloatField(null=True, blank=True)
     priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.NORMAL)
     preset = models.CharField(max_length=60)
     workload = models.JSONField()

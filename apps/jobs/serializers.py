@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from apps.core.parsers import json_depth_exceeds
 from apps.core.serializers import RejectUnknownFieldsMixin
-from apps.jobs.models import MAX_STEPS, Job, JobEvent
+from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
 from apps.quotas.models import Priority
 
 MAX_ARGS = 256
@@ -83,6 +83,16 @@ class WorkloadField(serializers.JSONField):
         raise serializers.ValidationError("Give 'builtin' (a built-in workload) or 'command' (an argv list).")
 
 
+class PositiveFloatField(serializers.FloatField):
+    """A number strictly above zero (DRF's FloatField already refuses nan and inf; min_value would allow 0)."""
+
+    def to_internal_value(self, data: Any) -> float:
+        value = super().to_internal_value(data)
+        if value <= 0:
+            raise serializers.ValidationError("Must be greater than 0.")
+        return value
+
+
 class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200)
     team = serializers.SlugField(max_length=49, required=False)
@@ -91,7 +101,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         max_digits=6, decimal_places=2, min_value=Decimal("0.01"), max_value=4096,
         help_text="whole GPUs, or a fraction of one GPU (0.25, 0.5) to share it",
     )
-    gpu_memory_gb = serializers.FloatField(
+    gpu_memory_gb = PositiveFloatField(
         min_value=0.1, max_value=10_000, required=False, allow_null=True,
         help_text="memory on one GPU; the job then shares that GPU (its share follows from the memory)",
     )
@@ -104,6 +114,15 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         min_value=1, max_value=settings.JOBS_MAX_TIME_LIMIT_MINUTES, required=False
     )
     max_retries = serializers.IntegerField(min_value=0, max_value=3, required=False, default=0)
+    cpus = PositiveFloatField(
+        max_value=MAX_JOB_CPUS, required=False, allow_null=True,
+        help_text="CPUs the job may use (its cgroup's quota; may be fractional); default: a number per GPU the "
+                  "admins set",
+    )
+    memory_gb = PositiveFloatField(
+        max_value=MAX_JOB_MEMORY_GB, required=False, allow_null=True,
+        help_text="host memory the job may use; past it the job fails as out of memory; default: per GPU",
+    )
 
     def get_fields(self) -> dict[str, serializers.Field]:
         # DRF deep-copies the declared fields for every serializer, rebuilding each field and its validators: a
@@ -125,6 +144,9 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         data = dict(self.validated_data)
         gpus: Decimal = data.pop("gpus")
         memory_gb = data.pop("gpu_memory_gb", None)
+        for name in ("cpus", "memory_gb"):
+            if data.get(name) is None:
+                data.pop(name, None)
         if gpus < 1:
             data.update(gpus=1, gpu_share_units=int(gpus * 100))
         else:
@@ -155,7 +177,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "team", "user", "kind", "gpus", "gpu_memory_gb", "gpu_type", "priority", "preset", "workload", "max_steps",
+            "id", "name", "team", "user", "kind", "gpus", "gpu_memory_gb", "gpu_type", "cpus", "memory_gb", "priority", "preset",
+            "workload", "max_steps",
             "time_limit_minutes", "max_retries", "state", "pending_reason", "queue_position", "estimated_start",
             "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done", "steps_per_second",
             "samples_per_second", "last_loss", "runtime_info", "allocations", "created_at", "placed_at", "started_at",
@@ -199,7 +222,7 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "id": job.id, "name": job.name, "team": job.team.slug, "user": job.user.username, "kind": job.kind,
         "gpus": float(job.gpus_requested),
         "gpu_memory_gb": round(job.gpu_memory_mb / 1024, 2) if job.gpu_memory_mb is not None else None,
-        "gpu_type": job.gpu_type, "priority": job.priority, "preset": job.preset, "workload": job.workload,
+        "gpu_type": job.gpu_type, "cpus": job.cpus, "memory_gb": job.memory_gb, "priority": job.priority, "preset": job.preset, "workload": job.workload,
         "max_steps": job.max_steps, "time_limit_minutes": job.time_limit_minutes, "max_retries": job.max_retries,
         "state": job.state, "pending_reason": job.pending_reason, "queue_position": job.queue_position,
         "estimated_start": when(job.estimated_start), "exit_code": job.exit_code,

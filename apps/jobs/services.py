@@ -65,6 +65,9 @@ class JobSpec:
     # A fraction of one GPU, in 1/100s (100: whole GPUs), or memory on one GPU.
     gpu_share_units: int = 100
     gpu_memory_mb: int | None = None
+    # CPUs and host memory (the job's cgroup limits); None: the per-GPU defaults.
+    cpus: float | None = None
+    memory_gb: float | None = None
 
     @property
     def units(self) -> int:
@@ -238,6 +241,36 @@ def _check_gpus(spec: JobSpec, submitter: _Submitter) -> dict[str, object]:
     return errors
 
 
+# A job's default CPUs and memory never go below these (a fraction of a GPU times the per-GPU figure can be tiny).
+MIN_DEFAULT_CPUS = 1.0
+MIN_DEFAULT_MEMORY_GB = 4.0
+
+
+def _resources(spec: JobSpec, pools: GpuPools, errors: dict[str, object]) -> tuple[float, float]:
+    """The job's CPUs and memory: what it asked for (refused above what its hosts can give, where known), or
+    the per-GPU defaults (at least 1 CPU and 4 GB, at most what its hosts have)."""
+    host_cpus, host_memory_mb, per_host = pools.host_capacity(spec.gpu_type)
+    # A gang spans hosts: it may get what the fewest hosts that hold its GPUs have together.
+    hosts = max(1, -(-spec.gpus // per_host)) if per_host else 1
+    kind = f"{spec.gpu_type} host" if spec.gpu_type else "host"
+    granted: list[float] = []
+    for name, asked, per_gpu, floor, capacity, unit in (
+        ("cpus", spec.cpus, settings.JOBS_CPUS_PER_GPU, MIN_DEFAULT_CPUS, host_cpus, "CPUs"),
+        ("memory_gb", spec.memory_gb, settings.JOBS_MEMORY_GB_PER_GPU, MIN_DEFAULT_MEMORY_GB,
+         host_memory_mb / 1024, "GB of memory"),
+    ):
+        most = capacity * hosts
+        if asked is not None:
+            if capacity and asked > most:
+                spread = f" ({hosts} hosts)" if hosts > 1 else ""
+                errors[name] = [f"At most {most:g} {unit}{spread}: the largest {kind} has {capacity:g}."]
+            granted.append(asked)
+            continue
+        value = max(floor, round(spec.units / 100 * per_gpu, 3))
+        granted.append(min(value, most) if capacity else value)
+    return granted[0], granted[1]
+
+
 def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | None = None) -> Job:
     """Queue a job after checking the spec, the user's role and the team's limits.
 
@@ -252,6 +285,7 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
     _check_role_and_priority(user, team, submitter.role, spec.priority, quota.max_priority)
     errors = _check_workload(spec.kind, preset, spec.workload)
     errors.update(_check_gpus(spec, submitter))
+    cpus, memory_gb = _resources(spec, submitter.pools or gpu_pools(), errors)
     if not errors and budget_exhausted(team, quota):
         errors["team"] = [f"Team {team.slug} has used its {quota.gpu_hours_per_month} GPU-hour budget this month."]
     if errors:
@@ -271,6 +305,8 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         max_retries=spec.max_retries,
         gpu_share_units=spec.gpu_share_units,
         gpu_memory_mb=spec.gpu_memory_mb,
+        cpus=cpus,
+        memory_gb=memory_gb,
         # The pass requested below replaces this with the job's real standing (quota, position) within a second.
         pending_reason="waiting for the scheduler",
     )
@@ -658,10 +694,19 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
                     gpu_share=job.gpu_share_units / 100,
                     gpu_memory_mb=job.gpu_memory_mb,
                     job_token=attempt_token(job.pk, job.attempts),
+                    # A gang's CPUs and memory are split between its hosts as its GPUs are.
+                    cpus=_host_part(job.cpus, len(by_host[host_name]), job.gpus),
+                    memory_gb=_host_part(job.memory_gb, len(by_host[host_name]), job.gpus),
                 ),
             )
         )
     return messages
+
+
+def _host_part(total: float | None, host_gpus: int, gpus: int) -> float | None:
+    if total is None:
+        return None
+    return total if host_gpus >= gpus else round(total * host_gpus / gpus, 3)
 
 
 def _dispatch(job_id: int) -> None:
@@ -732,6 +777,10 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
             results[node] = {"state": "running", "host": host.name}
             fields: dict[str, Any] = {"node_results": results}
             reported = {key: status.details[key] for key in RUNTIME_INFO_KEYS if key in status.details}
+            if "limits" in reported:
+                reported["limits"] = _reported_limits(reported["limits"])
+            if isinstance(reported.get("isolation_note"), str):
+                reported["isolation_note"] = reported["isolation_note"][:500]
             if reported:
                 fields["runtime_info"] = {**job.runtime_info, **reported}
             Job.objects.filter(pk=job.pk).update(**fields)
@@ -763,6 +812,18 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
                 _finish(job, State.SUCCEEDED, status.reason or "exited with code 0", now, exit_code=0,
                         data=status.details)
         return job, True
+
+
+_LIMIT_KEYS = {"applied": bool, "reason": str, "cgroup": str, "cpus": (int, float), "memory_gb": (int, float),
+               "pids": int, "devices": str}
+
+
+def _reported_limits(value: Any) -> dict[str, Any] | None:
+    """What the host says of a job's cgroup limits (runtime_info.limits): the known keys, scalar values only."""
+    if not isinstance(value, dict):
+        return None
+    return {key: (item[:300] if isinstance(item, str) else item) for key, item in value.items()
+            if key in _LIMIT_KEYS and (item is None or isinstance(item, _LIMIT_KEYS[key]))}
 
 
 def _finish(job: Job, to_state: str, reason: str, now, *, exit_code: int | None, data: dict | None = None) -> None:

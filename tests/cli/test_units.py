@@ -124,6 +124,14 @@ def test_dry_run_keeps_options_after_double_dash(capsys):
         "gpus": 1, "workload": {"command": ["python", "-c", "print(1)", "--flag", "--"]}, "name": "python"}
 
 
+def test_cpus_and_memory_flags_go_into_the_spec(capsys):
+    assert main(["submit", "--dry-run", "--gpus", "1", "--cpus", "1.5", "--memory-gb", "0.25", "--", "true"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert (spec["cpus"], spec["memory_gb"]) == (1.5, 0.25)
+    assert main(["submit", "--dry-run", "--gpus", "1", "--cpus", "0", "--", "true"]) == 2
+    assert main(["submit", "--dry-run", "--gpus", "1", "--memory-gb", "lots", "--", "true"]) == 2
+
+
 def test_usage_errors_exit_2(capsys):
     assert main(["submit", "--gpus", "two"]) == 2
     assert main(["status", "abc"]) == 2

@@ -105,6 +105,8 @@ class LiveCluster:
             CONSOLE_MIN_RUN_BEFORE_PREEMPT_S="0",
             CONSOLE_ADMIN_PASSWORD=ADMIN_PASSWORD,
             PYTHONUNBUFFERED="1",
+            # Job cgroups of this cluster's agents apart from any other cluster's on the machine (same host names).
+            GPU_AGENT_CGROUP_PARENT=f"gpu-agent-it-{os.getpid()}-{self.port}",
         )
         env.update(self.extra_env)
         if env.get("DATABASE_URL", "").startswith("postgres"):
@@ -267,3 +269,19 @@ class LiveCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        self._remove_cgroup_folders()
+
+    def _remove_cgroup_folders(self) -> None:
+        """The agents' (empty) cgroup folders for their hosts, and the cluster's parent folder."""
+        from workers.agent.cgroups import CgroupSupport, remove_stale
+
+        support = CgroupSupport(parent=self.env.get("GPU_AGENT_CGROUP_PARENT", ""))
+        if not support.enabled or not support.parent:
+            return
+        for name in self.agents:
+            for folder in support.host_dirs(name).values():
+                with contextlib.suppress(OSError):
+                    remove_stale(folder)  # jobs still running when the agents were stopped
+                for path in (folder, folder.parent):
+                    with contextlib.suppress(OSError):
+                        path.rmdir()

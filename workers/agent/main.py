@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from celery import Celery
 from celery.signals import worker_shutdown
 
+from workers.agent.cgroups import host_capacity
 from workers.agent.client import AgentConfigError, ConsoleClient
 from workers.agent.runner import JobProcess, JobRunner, JobUids, RunAs, kill_leftover_jobs, resolve_run_as
 from workers.agent.sharing import over_share
@@ -162,6 +163,8 @@ def registration(args: argparse.Namespace, backend) -> Registration:
         driver_version=info.get("driver_version", ""),
         cuda_version=info.get("cuda_version", ""),
         address=args.address,
+        cpus=host_capacity()[0],
+        memory_mb=host_capacity()[1],
         protocol=PROTOCOL_VERSION,
     )
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
@@ -224,6 +225,7 @@ class JobProcess:
     home: Path | None = None
     # Who the job's processes run as: the --run-as user, or a uid of its own (--job-uids); None: the agent.
     user: RunAs | None = None
+    cgroup: JobCgroup | None = None  # its memory, CPU and process limits (workers/agent/cgroups.py)
 
     def __post_init__(self) -> None:
         if self.home is None:
@@ -290,6 +292,7 @@ class JobRunner:
         self.mps = MpsControl(work_root, enabled=mps)
         # The address other hosts reach this one at: torchrun advertises it to the other nodes' workers.
         self.address = address
+        self.cgroups = CgroupSupport(simulated=simulated)
 
     # --- what the console asks for
 
@@ -332,6 +335,7 @@ class JobRunner:
                     **self.isolation(job).to_details(),
                     **({"gpu_share": job.limits.mechanism, "gpu_memory_limit_mb": job.limits.memory_mb}
                        if job.limits else {}),
+                    "limits": self.cgroups.describe(dispatch),
                 }),
                 attempts=5,
             )
@@ -421,7 +425,7 @@ class JobRunner:
         if isinstance(serve, dict) and serve.get("checkpoint"):
             readable.append(self.artifacts_root / str(serve["checkpoint"]))
         # Other GPUs' device nodes: the job cannot open them even if it unsets CUDA_VISIBLE_DEVICES.
-        others = [Path(f"/dev/nvidia{index}") for index in self.gpus if index not in job.dispatch.gpu_indices]
+        others = [node.path for node in denied_device_nodes(job.dispatch.gpu_indices)]
         return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
                          private=self.private_paths, mask=[*self.mask_paths, *others],
                          blocked_at=job.user.blocked_at)
@@ -462,9 +466,11 @@ class JobRunner:
                                 f"GPUs {','.join(map(str, dispatch.gpu_indices))}: {' '.join(argv)}\n")
             if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.home / argv[0]).is_file():
                 raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
+            job.cgroup = self.cgroups.for_job(dispatch)
             shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
                     "--stop-file", str(job.workdir / "stop-grace"),
-                    *(job.user.shim_options() if job.user else []), *view_options, "--"]
+                    *(job.user.shim_options() if job.user else []), *view_options,
+                    *(job.cgroup.shim_options() if job.cgroup else []), "--"]
             job.process = self._launcher.popen(
                 [*shim, *argv], cwd=job.home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -509,9 +515,13 @@ class JobRunner:
                              reason=f"{job.stop_reason} ({describe_exit(returncode)})", node_rank=rank)
         if returncode == 0:
             return JobStatus("succeeded", attempt, exit_code=0, reason="exited with code 0", node_rank=rank)
+        if job.cgroup is not None and job.cgroup.oom_killed(returncode):
+            return JobStatus("failed", attempt, exit_code=code, reason=job.cgroup.oom_reason(), node_rank=rank)
         return JobStatus("failed", attempt, exit_code=code, reason=describe_exit(returncode), node_rank=rank)
 
     def _finish(self, job: JobProcess, status: JobStatus) -> None:
+        if job.cgroup is not None:  # its processes are done: kill any left in the cgroup, remove it
+            status.details.update(job.cgroup.remove_and_report())
         self._send_log(job, f"[agent] {status.state}: {status.reason}\n")
         self._reclaim(job)  # its processes are gone: before the console hears the end, take its files back
         try:

@@ -1,7 +1,7 @@
 """The job shim: the agent starts every job through it, and it owns the job's whole process tree.
 
     python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace [--uid U --gid G --groups G1,G2]
-        [--view DIR/view.json] -- argv...
+        [--cgroup-procs /sys/fs/cgroup/.../cgroup.procs ...] [--view DIR/view.json] -- argv...
 
 It makes itself a child subreaper, so every process the job starts stays in its subtree even when the job
 daemonizes or when torchrun puts its workers in process groups of their own. It ends the whole tree:
@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from workers.agent import cgroups
 from workers.agent.sandbox import FilesystemView, SandboxError, enter
 
 PR_SET_PDEATHSIG = 1
@@ -71,8 +72,10 @@ def signal_tree(sig: int) -> None:
 
 class Shim:
     def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None,
-                 user: tuple[int, int, list[int]] | None = None, view: FilesystemView | None = None) -> None:
+                 user: tuple[int, int, list[int]] | None = None, cgroup_procs: list[str] | None = None,
+                 view: FilesystemView | None = None) -> None:
         self.argv = argv
+        self.cgroup_procs = cgroup_procs or []  # the job's cgroup(s): its first process joins before exec
         self.view = view
         self.grace_s = grace_s
         self.stop_file = stop_file
@@ -97,6 +100,11 @@ class Shim:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                try:  # still privileged; the shim itself stays outside. Never run a job without its limits.
+                    cgroups.join(self.cgroup_procs)
+                except OSError as exc:
+                    print(f"[agent] could not start the job in its cgroup: {exc}", file=sys.stderr, flush=True)
+                    os._exit(126)
                 if self.view is not None:
                     enter(self.view)
                 if self.user is not None:
@@ -162,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gid", type=int)
     parser.add_argument("--groups", default="", help="supplementary group ids, comma-separated")
     parser.add_argument("--view", type=Path, help="the job's filesystem view (JSON, see workers/agent/sandbox.py)")
+    parser.add_argument("--cgroup-procs", action="append", default=[], metavar="FILE",
+                        help="a cgroup.procs file the job's first process joins before it execs (repeatable)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -173,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--uid needs --gid")
         user = (args.uid, args.gid, [int(group) for group in args.groups.split(",") if group])
     view = FilesystemView.from_json(args.view.read_text()) if args.view else None
-    exit_like(Shim(command, args.grace, args.stop_file, user, view).run())
+    exit_like(Shim(command, args.grace, args.stop_file, user, args.cgroup_procs, view).run())
 
 
 if __name__ == "__main__":

@@ -144,7 +144,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     fields = {
         "name": args.name, "team": args.team, "kind": args.kind, "gpus": args.gpus, "gpu_type": args.gpu_type,
         "priority": args.priority, "preset": args.preset, "max_steps": args.max_steps,
-        "time_limit_minutes": args.time_limit, "max_retries": args.max_retries,
+        "time_limit_minutes": args.time_limit, "max_retries": args.max_retries, "cpus": args.cpus,
+        "memory_gb": args.memory_gb,
     }
     spec = build_spec(base, fields, builtin=args.builtin, params=args.param, command=args.command_line,
                       argv=args.argv)
@@ -364,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-steps", type=int)
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
     submit.add_argument("--max-retries", type=int)
+    submit.add_argument("--cpus", type=_positive_float, metavar="N",
+                        help="CPUs the job may use, may be fractional (default: a number per GPU the admins set)")
+    submit.add_argument("--memory-gb", type=_positive_float, metavar="GB",
+                        help="host memory the job may use; past it the job fails as out of memory")
     submit.add_argument("--wait", action="store_true",
                         help="stream the log and state changes until the job ends; exit with its exit code")
     submit.add_argument("--no-logs", action="store_true", help="with --wait: follow the state only")
