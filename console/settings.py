@@ -291,6 +291,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "PREPROCESSING_HOOKS": ["apps.core.schema.drop_slashed_twins"],
     # Every operation's error answers (400/401/403/404/503) besides the success one drf-spectacular documents.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -6,6 +6,8 @@ agent API (HTTP, authenticated by its host token) with registration, heartbeats,
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,6 +18,11 @@ STOP_JOB_TASK = "agent.stop_job"
 HEARTBEAT_INTERVAL_S = 5.0
 # A host whose last heartbeat is older than this is marked down and its jobs failed or requeued.
 HEARTBEAT_TIMEOUT_S = 30.0
+# An inference replica answers only requests carrying its secret in this header; the agent hands the secret to
+# the replica in this environment variable (never on the command line, which every local user can read).
+REPLICA_SECRET_HEADER = "X-Replica-Secret"
+REPLICA_SECRET_ENV = "CONSOLE_REPLICA_SECRET"
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 class ProtocolError(ValueError):
@@ -24,6 +31,20 @@ class ProtocolError(ValueError):
 
 def host_queue(host_name: str) -> str:
     return f"{HOST_QUEUE_PREFIX}{host_name}"
+
+
+def valid_address(value: str) -> bool:
+    """An IPv4 or IPv6 address, or a host name by RFC 1123: nothing else (no scheme, port, path, user, zone)."""
+    if not isinstance(value, str) or not value or len(value) > 253:
+        return False
+    try:
+        ipaddress.ip_address(value)
+        return "%" not in value  # a scoped IPv6 address ("fe80::1%eth0") names a local interface
+    except ValueError:
+        pass
+    labels = value.split(".")
+    # An all-numeric last label would make "1.2.3" or "999.1.1.1" look like an address it is not.
+    return all(_HOST_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
 
 
 @dataclass(frozen=True)
@@ -54,10 +75,12 @@ class Dispatch:
     gpu_memory_mb: int | None = None
     # The attempt's own credential for the console's job API (apps/jobs/attempt_tokens.py): handed to the job
     # as CONSOLE_JOB_TOKEN, in place of any secret of the agent's.
-    job_token: str = ""
+    job_token: str = field(default="", repr=False)
     # The job's CPUs and memory on this host (its cgroup's limits); None: none sent (an older console).
     cpus: float | None = None
     memory_gb: float | None = None
+    # An inference replica's secret (see REPLICA_SECRET_HEADER); empty for other jobs. Not in the repr: logs.
+    replica_secret: str = field(default="", repr=False)
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -91,6 +114,7 @@ class Dispatch:
                 job_token=str(message.get("job_token") or ""),
                 cpus=_positive_or_none(message.get("cpus"), "cpus"),
                 memory_gb=_positive_or_none(message.get("memory_gb"), "memory_gb"),
+                replica_secret=str(message.get("replica_secret") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None

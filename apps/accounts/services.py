@@ -6,6 +6,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
@@ -16,6 +17,17 @@ from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 
 User = get_user_model()
+# The gateway's token cache: an active token's user id, shared by every console process (Django's cache: Redis,
+# or the file cache in development), bounded by its short TTL (and MAX_ENTRIES). A revocation leaves a
+# tombstone there that outlives any entry written before it, and entries are only ever added, never
+# overwritten, so a lookup racing the revocation cannot put the token back.
+TOKEN_CACHE_S = 10
+TOKEN_TOMBSTONE_S = 120
+_REVOKED = "revoked"
+
+
+def _token_cache_key(digest: str) -> str:
+    return f"accounts:token-user:{digest}"
 
 
 def token_create(
@@ -39,6 +51,8 @@ def token_create(
 
 
 def token_revoke(*, token: ApiToken, actor: AbstractBaseUser, request: HttpRequest | None = None) -> ApiToken:
+    # Before the update commits: a gateway lookup from now on either sees the tombstone or the revoked row.
+    cache.set(_token_cache_key(token.digest), _REVOKED, timeout=TOKEN_TOMBSTONE_S)
     with transaction.atomic():
         updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
         if updated:
@@ -59,6 +73,21 @@ def token_authenticate(secret: str) -> ApiToken | None:
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+def token_user_id_cached(secret: str) -> int | None:
+    """The user id of the active token with this secret, from the shared token cache when it is there."""
+    key = _token_cache_key(tokens.digest(secret))
+    cached = cache.get(key)
+    if type(cached) is int:
+        return cached
+    token = token_authenticate(secret)
+    if token is None:
+        return None  # unknown secrets are not cached: they would fill the cache
+    # Not past a revocation (tombstone), nor past the token's own expiry.
+    if cached is None and token.expires_at - timezone.now() > timedelta(seconds=TOKEN_CACHE_S):
+        cache.add(key, token.user_id, timeout=TOKEN_CACHE_S)
+    return token.user_id
 
 
 def membership_set(

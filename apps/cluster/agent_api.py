@@ -14,7 +14,7 @@ from apps.cluster.services import RegistrationError, host_heartbeat, host_regist
 from apps.core.schema import ErrorSerializer
 from apps.jobs.selectors import jobs_to_stop_on_host
 from apps.jobs.services import jobs_missing_on_host
-from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue
+from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue, valid_address
 
 
 class GpuRecordSerializer(serializers.Serializer):
@@ -32,8 +32,16 @@ class RegistrationSerializer(serializers.Serializer):
     simulated = serializers.BooleanField()
     driver_version = serializers.CharField(max_length=40, allow_blank=True, required=False, default="")
     cuda_version = serializers.CharField(max_length=40, allow_blank=True, required=False, default="")
-    address = serializers.CharField(max_length=200, allow_blank=True, required=False, default="")
+    address = serializers.CharField(max_length=200, allow_blank=True, required=False, default="",
+                                    trim_whitespace=False, help_text="IP address or host name (RFC 1123) the console and other hosts "
+                                              "reach this one at; blank: the host's name")
     gpus = GpuRecordSerializer(many=True, max_length=64)
+
+    def validate_address(self, value: str) -> str:
+        if value and not valid_address(value):
+            raise serializers.ValidationError("Expected an IP address or a host name (letters, digits, hyphens and "
+                                              "dots), with no scheme, port, path, user or spaces.")
+        return value
 
 
 class HeartbeatSerializer(serializers.Serializer):

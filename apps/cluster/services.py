@@ -12,7 +12,7 @@ from apps.accounts import tokens
 from apps.cluster.models import GPU, Host, HostCredential
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
-from workers.protocol import HEARTBEAT_TIMEOUT_S, PROTOCOL_VERSION
+from workers.protocol import HEARTBEAT_TIMEOUT_S, PROTOCOL_VERSION, valid_address
 
 
 class RegistrationError(ValueError):
@@ -45,6 +45,9 @@ def host_register(host: Host, registration: dict) -> Host:
         )
     if registration.get("host") != host.name:
         raise RegistrationError(f"this token belongs to host {host.name!r}, not {registration.get('host')!r}")
+    address = str(registration.get("address", ""))
+    if address and not (len(address) <= 200 and valid_address(address)):
+        raise RegistrationError(f"address {address!r} is neither an IP address nor a host name")
     uuids = [gpu["uuid"] for gpu in registration.get("gpus", [])]
     if len(set(uuids)) != len(uuids):
         raise RegistrationError("two GPUs of the registration have the same UUID")
@@ -60,7 +63,7 @@ def host_register(host: Host, registration: dict) -> Host:
         host.driver_version = str(registration.get("driver_version", ""))[:40]
         host.cuda_version = str(registration.get("cuda_version", ""))[:40]
         host.simulated = bool(registration.get("simulated"))
-        host.address = str(registration.get("address", ""))[:200]
+        host.address = address
         host.cpus, host.memory_mb = _capacity(registration)
         host.last_heartbeat = now
         if host.state == Host.State.DOWN:

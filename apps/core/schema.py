@@ -76,3 +76,11 @@ def add_error_responses(result: dict[str, Any], generator, request, public) -> d
                                                              "such page."))
             responses.setdefault("503", _json(ERROR_REF, "The database is unavailable; try again shortly."))
     return result
+
+
+def drop_slashed_twins(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A route that also answers with a trailing slash (the router's form of an artifact download) is
+    documented once, without it."""
+    paths = {(endpoint[0], endpoint[2]) for endpoint in endpoints}
+    return [endpoint for endpoint in endpoints
+            if not (endpoint[0].endswith("}/") and (endpoint[0][:-1], endpoint[2]) in paths)]

@@ -33,6 +33,7 @@ from apps.jobs.selectors import can_cancel
 from apps.quotas.models import PRIORITY_RANK, Priority, TeamQuota, UserQuota
 from apps.quotas.selectors import budget_exhausted, units_held
 from apps.quotas.services import quota_ensure, quota_lock
+from apps.serving.replica_auth import replica_secret
 from workers.protocol import (
     HEARTBEAT_TIMEOUT_S,
     RUN_JOB_TASK,
@@ -697,6 +698,7 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
                     # A gang's CPUs and memory are split between its hosts as its GPUs are.
                     cpus=_host_part(job.cpus, len(by_host[host_name]), job.gpus),
                     memory_gb=_host_part(job.memory_gb, len(by_host[host_name]), job.gpus),
+                    replica_secret=_replica_secret(job),
                 ),
             )
         )
@@ -707,6 +709,11 @@ def _host_part(total: float | None, host_gpus: int, gpus: int) -> float | None:
     if total is None:
         return None
     return total if host_gpus >= gpus else round(total * host_gpus / gpus, 3)
+
+
+def _replica_secret(job: Job) -> str:
+    """An inference replica's secret travels in its dispatch (the broker, which jobs cannot read)."""
+    return replica_secret(job.pk, job.attempts) if "serve" in job.workload else ""
 
 
 def _dispatch(job_id: int) -> None:
@@ -889,10 +896,13 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
         job = _job_for_host(job_id, host, attempt)
         if progress.get("type") == "serving":
             port = progress.get("port")
-            if isinstance(port, int) and 0 < port < 65536:
+            # Only the port comes from the job; the address is the reporting host's registered one. The
+            # serving reconciler builds the URL it calls again from the placement's host and this port.
+            if type(port) is int and 0 < port < 65536:
                 address = host.address or host.name
                 Job.objects.filter(pk=job.pk).update(
-                    runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{port}", "attempt": attempt})
+                    runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{port}", "port": port,
+                                  "attempt": attempt})
             return
         _record_training_progress(job, progress)
 

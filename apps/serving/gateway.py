@@ -1,7 +1,9 @@
 """The gateway: `POST /serve/<team>/<service>/predict` → a ready replica (least outstanding requests).
 
 Authenticated with the same API tokens (`Authorization: Bearer …`), checked against the team's roles (another
-team's service answers 404). A replica that fails is retried once on another; with none ready the answer is 503
+team's service answers 404). Tokens are looked up through the accounts app's shared token cache (short TTL; a
+revocation takes effect at the next request). Replicas are called only at the URL built from their host's
+registered address and their reported port, with the replica's secret, which only the console holds. A replica that fails is retried once on another; with none ready the answer is 503
 with the reason. The view is async, so a slow replica holds no server thread.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import logging
 from collections import defaultdict
 
 import httpx
@@ -19,12 +21,13 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from apps.serving import selectors
+from apps.serving.replica_auth import replica_headers, replica_url
 from apps.serving.services import ready_replicas
 
-AUTH_CACHE_S = 10.0
+logger = logging.getLogger(__name__)
 REPLICA_TIMEOUT_S = 30.0
-_outstanding: dict[str, int] = defaultdict(int)
-_auth_cache: dict[str, tuple[float, int | None]] = {}
+# Requests in flight per replica (job id); an entry goes when its count is back to 0.
+_outstanding: dict[int, int] = defaultdict(int)
 _clients: dict[int, httpx.AsyncClient] = {}
 
 
@@ -45,23 +48,36 @@ def _token(request: HttpRequest) -> str | None:
     return None
 
 
-def _user_id_for(secret: str) -> int | None:
-    from apps.accounts.services import token_authenticate
-
-    token = token_authenticate(secret)
-    return token.user_id if token else None
-
-
 async def _authenticate(request: HttpRequest) -> int | None:
+    from apps.accounts.services import token_user_id_cached
+
     secret = _token(request)
     if not secret:
         return None
-    cached = _auth_cache.get(secret)
-    if cached and time.monotonic() - cached[0] < AUTH_CACHE_S:
-        return cached[1]
-    user_id = await sync_to_async(_user_id_for)(secret)
-    _auth_cache[secret] = (time.monotonic(), user_id)
-    return user_id
+    return await sync_to_async(token_user_id_cached)(secret)
+
+
+def _callable(replicas: list[dict]) -> list[tuple[int, str, dict[str, str]]]:
+    """(job, URL, headers) of each published replica whose address and port pass the checks; others are skipped."""
+    targets = []
+    for replica in replicas:
+        try:
+            url = replica_url(replica.get("address"), replica.get("port"))
+            targets.append((int(replica["job"]), url, replica_headers(replica["job"], replica["attempt"])))
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("not calling replica entry %r: %s", replica, exc)
+    return targets
+
+
+async def _post(job: int, url: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+    _outstanding[job] += 1
+    try:
+        return await _http().post(f"{url}/predict", content=body,
+                                  headers={"Content-Type": "application/json", **headers})
+    finally:
+        _outstanding[job] -= 1
+        if _outstanding[job] <= 0:
+            del _outstanding[job]
 
 
 def _error(status: int, detail: str) -> JsonResponse:
@@ -85,32 +101,28 @@ async def predict(request: HttpRequest, team: str, service: str) -> JsonResponse
         return _error(400, "The body must be JSON: {\"inputs\": [...]}.")
     if not isinstance(body, dict) or not isinstance(body.get("inputs"), list) or not body["inputs"]:
         return _error(400, "The body must be a JSON object with a non-empty list 'inputs'.")
-    replicas = await sync_to_async(ready_replicas)(found.pk)
+    replicas = _callable(await sync_to_async(ready_replicas)(found.pk))
     if not replicas:
         return _error(503, f"No replica of service {team}/{service} is ready yet ({found.desired_replicas} wanted); "
                            "retry shortly.")
-    order = sorted(replicas, key=lambda r: (_outstanding[r["url"]], r["job"]))
+    order = sorted(replicas, key=lambda r: (_outstanding.get(r[0], 0), r[0]))
     failures = []
-    for replica in order[:2]:  # the chosen replica, then one retry elsewhere
-        url = replica["url"]
-        _outstanding[url] += 1
+    for job, url, headers in order[:2]:  # the chosen replica, then one retry elsewhere
         try:
-            answer = await _http().post(f"{url}/predict", content=request.body,
-                                        headers={"Content-Type": "application/json"})
+            answer = await _post(job, url, headers, request.body)
         except httpx.HTTPError as exc:
-            failures.append(f"replica job {replica['job']}: {type(exc).__name__}")
+            failures.append(f"replica job {job}: {type(exc).__name__}")
             continue
-        finally:
-            _outstanding[url] -= 1
-        if answer.status_code >= 500:
-            failures.append(f"replica job {replica['job']}: HTTP {answer.status_code}")
+        # 401: the replica does not know this attempt's secret (a stale entry): try the other one.
+        if answer.status_code >= 500 or answer.status_code == 401:
+            failures.append(f"replica job {job}: HTTP {answer.status_code}")
             continue
         try:
             payload = answer.json()
         except ValueError:
-            failures.append(f"replica job {replica['job']}: not JSON")
+            failures.append(f"replica job {job}: not JSON")
             continue
         response = JsonResponse(payload, status=answer.status_code, safe=False)
-        response["X-Replica-Job"] = str(replica["job"])
+        response["X-Replica-Job"] = str(job)
         return response
     return _error(503, "The service's replicas failed: " + "; ".join(failures))

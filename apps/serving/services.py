@@ -3,6 +3,8 @@
 A replica is an ordinary inference job (so quotas, priorities, borrowing and preemption apply to it) whose process
 is the replica server `workers.runtime.serve`. The reconciler (Celery beat, every few seconds) restarts replicas
 that ended, polls each ready replica's /stats, publishes the ready endpoints for the gateway, and autoscales.
+A replica is only ever called at its placement host's registered address and the port it reported, with its
+secret (apps.serving.replica_auth).
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Prefetch
 from django.utils import timezone
 
 from apps.accounts.models import Role, Team
 from apps.accounts.selectors import has_role
 from apps.jobs.errors import JobPermissionError, JobSpecError
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobAllocation
 from apps.jobs.services import JobSpec, job_release, job_submit
 from apps.serving.models import InferenceService, ServiceEvent, ServiceReplica
+from apps.serving.replica_auth import replica_headers, replica_url
 from workers.runtime.artifacts import safe_job_id, safe_relpath
 from workers.runtime.catalog import PRESETS, WORKLOADS
 
@@ -171,19 +175,49 @@ def _start_replica(service: InferenceService, reason: str) -> ServiceReplica:
 # --- the reconciler
 
 
-def _poll(endpoint: str) -> dict[str, Any] | None:
+def _poll(target: dict[str, Any]) -> dict[str, Any] | None:
+    url = replica_url(target["address"], target["port"])
     try:
-        response = httpx.get(f"{endpoint}/stats", timeout=1.0)
+        response = httpx.get(f"{url}/stats", timeout=1.0, headers=replica_headers(target["job"], target["attempt"]))
         response.raise_for_status()
-        return response.json()
+        stats = response.json()
     except (httpx.HTTPError, ValueError):
         return None
+    return stats if isinstance(stats, dict) else None
+
+
+def _placement_address(job: Job) -> str | None:
+    """The registered address of the one host the job holds GPUs on (allocations prefetched), else None."""
+    hosts = {allocation.gpu.host for allocation in job.active_allocations}
+    if len(hosts) != 1:
+        return None
+    host = hosts.pop()
+    return host.address or host.name
+
+
+def replica_target(job: Job) -> dict[str, Any] | None:
+    """Where a running replica is called: its placement host's registered address and the port its current
+    attempt reported (through that host's agent). None while there is no such endpoint, or when it fails the
+    checks (then it is never called)."""
+    info = job.runtime_info
+    if job.state != Job.State.RUNNING or info.get("attempt") != job.attempts or "port" not in info:
+        return None
+    target = {"job": job.pk, "attempt": job.attempts, "address": _placement_address(job), "port": info["port"]}
+    try:
+        replica_url(target["address"], target["port"])
+    except ValueError as exc:
+        logger.warning("replica job %s is not called: %s", job.pk, exc)
+        return None
+    return target
 
 
 def reconcile(service: InferenceService, now: float | None = None) -> dict[str, Any]:
     now = now or time.time()
     live: list[ServiceReplica] = []
-    for replica in service.replicas.filter(retired=False).select_related("job"):
+    active = JobAllocation.objects.filter(released_at__isnull=True).select_related("gpu__host")
+    replicas = service.replicas.filter(retired=False).select_related("job").prefetch_related(
+        Prefetch("job__allocations", queryset=active, to_attr="active_allocations"))
+    for replica in replicas:
         if replica.job.is_final:
             ServiceReplica.objects.filter(pk=replica.pk).update(retired=True)
             _event(service, "replica_ended", f"replica job {replica.job_id} {replica.job.state}: "
@@ -192,12 +226,10 @@ def reconcile(service: InferenceService, now: float | None = None) -> dict[str, 
             live.append(replica)
     ready, stats = [], []
     for replica in live:
-        endpoint = replica.job.runtime_info.get("endpoint")
-        if replica.job.state != Job.State.RUNNING or not endpoint:
-            continue
-        polled = _poll(endpoint)
+        target = replica_target(replica.job)
+        polled = _poll(target) if target is not None else None
         if polled is not None:
-            ready.append({"job": replica.job_id, "url": endpoint})
+            ready.append(target)
             stats.append(polled)
     summary = _summarize(stats, len(live), len(ready))
     from apps.telemetry.alerts import evaluate_service

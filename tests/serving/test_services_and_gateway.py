@@ -18,13 +18,15 @@ from apps.jobs.models import Job
 from apps.jobs.scheduler import scheduler_pass
 from apps.serving import services
 from apps.serving.models import InferenceService
-from workers.protocol import JobStatus
+from workers.protocol import REPLICA_SECRET_HEADER, JobStatus
 
 
 class Replica(BaseHTTPRequestHandler):
-    """A stand-in replica: /stats, and /predict answering class 7 (or failing when told to)."""
+    """A stand-in replica: /stats, and /predict answering class 7 (or failing when told to), both only with the
+    replica's secret (as workers.runtime.serve)."""
 
     fail = False
+    secret: str | None = None  # set once the replica's job is placed (its attempt is known)
     stats = {"requests": 10, "errors": 0, "rps": 2.0, "queue_depth": 0,
              "latency_ms": {"p50": 5.0, "p95": 9.0, "p99": 12.0}}
 
@@ -39,10 +41,19 @@ class Replica(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _authorized(self) -> bool:
+        if type(self).secret is not None and self.headers.get(REPLICA_SECRET_HEADER) == type(self).secret:
+            return True
+        self._send(401, {"detail": "no secret"})
+        return False
+
     def do_GET(self) -> None:
-        self._send(200, type(self).stats)
+        if self._authorized():
+            self._send(200, type(self).stats)
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if type(self).fail:
             self._send(500, {"detail": "boom"})
@@ -59,7 +70,7 @@ def replica_server():
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        return server.server_address[1]
+        return server
 
     yield start
     for server in servers:
@@ -78,10 +89,13 @@ def create(client, **overrides):
     return client.post("/api/v1/services/", body, format="json")
 
 
-def run_replica(job: Job, port: int) -> None:
+def run_replica(job: Job, server: ThreadingHTTPServer) -> None:
     """What the agent does for a replica: claim it, then forward the port the server announced."""
     scheduler_pass()
     job.refresh_from_db()
+    (_, message), = job_services.dispatch_messages(job)
+    server.RequestHandlerClass.secret = message.replica_secret  # what the agent hands the replica
+    port = server.server_address[1]
     host = Host.objects.get(gpus__allocations__job=job, gpus__allocations__released_at__isnull=True)
     Host.objects.filter(pk=host.pk).update(address="127.0.0.1")
     host.refresh_from_db()

@@ -14,8 +14,21 @@ from pathlib import Path
 import httpx
 import pytest
 
+from workers.protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER
+
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0  # importing torch and torchao on a busy shared CPU can take a while
+# The replicas' secret, as the agent hands it over (environment); every request carries it.
+SECRET = "test-replica-secret-0123456789abcdef"
+HEADERS = {REPLICA_SECRET_HEADER: SECRET}
+
+
+def get(url: str, **options) -> httpx.Response:
+    return httpx.get(url, headers={**HEADERS, **options.pop("headers", {})}, **options)
+
+
+def post(url: str, **options) -> httpx.Response:
+    return httpx.post(url, headers={**HEADERS, **options.pop("headers", {})}, **options)
 
 
 @dataclass
@@ -47,7 +60,7 @@ class Replica:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONSOLE_")}
         env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
                     "CONSOLE_PRESET": self.preset, "CONSOLE_PROGRESS_FILE": str(self.progress),
-                    "CONSOLE_DEVICE": "cpu", **self.extra_env})
+                    "CONSOLE_DEVICE": "cpu", REPLICA_SECRET_ENV: SECRET, **self.extra_env})
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "workers.runtime.serve", "--host", "127.0.0.1", "--port", "0", *self.args],
@@ -76,7 +89,7 @@ class Replica:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def stats(self) -> dict:
-        return httpx.get(f"{self.url}/stats", timeout=10).json()
+        return get(f"{self.url}/stats", timeout=10).json()
 
     def terminate(self, timeout: float = 30) -> int:
         assert self.proc is not None

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import Replica
+from .conftest import HEADERS, Replica, get, post
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -27,7 +27,7 @@ async def fire(url: str, bodies: list[dict], concurrency: int) -> list[httpx.Res
     """POST every body to url with `concurrency` requests in the air at once."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     semaphore = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=60, limits=limits, headers=HEADERS) as client:
         async def one(body: dict) -> httpx.Response:
             async with semaphore:
                 return await client.post(url, json=body)
@@ -37,7 +37,7 @@ async def fire(url: str, bodies: list[dict], concurrency: int) -> list[httpx.Res
 
 def test_health_reports_workload_preset_and_quantized_layers(replicas: dict[str, Replica]) -> None:
     trained = replicas["trained"]
-    response = httpx.get(f"{trained.url}/health", timeout=10)
+    response = get(f"{trained.url}/health", timeout=10)
     assert response.status_code == 200
     health = response.json()
     assert health["ready"] is True
@@ -79,7 +79,7 @@ def test_trained_int8_model_predicts_digits_with_concurrent_requests_batched(rep
 
     # Many inputs in one request give the same answers as one request each.
     images_8x8 = [[image[row * 8:(row + 1) * 8] for row in range(8)] for image in images[:50]]
-    one = httpx.post(f"{trained.url}/predict", json={"inputs": images_8x8}, timeout=30)
+    one = post(f"{trained.url}/predict", json={"inputs": images_8x8}, timeout=30)
     assert one.status_code == 200
     assert one.json()["outputs"] == predicted[:50]
 
@@ -94,7 +94,7 @@ def test_no_batching_runs_every_request_alone(replicas: dict[str, Replica]) -> N
     assert stats["batching"] is False
     assert stats["batches"] == stats["inputs"] == 64
     assert stats["batch_size_mean"] == 1.0
-    assert httpx.get(f"{unbatched.url}/health", timeout=10).json()["workload"] == "cnn-digits"
+    assert get(f"{unbatched.url}/health", timeout=10).json()["workload"] == "cnn-digits"
 
 
 @pytest.mark.parametrize(("body", "reason"), [
@@ -114,23 +114,23 @@ def test_no_batching_runs_every_request_alone(replicas: dict[str, Replica]) -> N
 ])
 def test_bad_inputs_are_400_with_a_reason(replicas: dict[str, Replica], body: bytes, reason: str) -> None:
     trained = replicas["trained"]
-    response = httpx.post(f"{trained.url}/predict", content=body, timeout=10,
-                          headers={"content-type": "application/json"})
+    response = post(f"{trained.url}/predict", content=body, timeout=10,
+                    headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     assert reason in response.json()["detail"]
 
 
 def test_wrong_paths_and_methods(replicas: dict[str, Replica]) -> None:
     url = replicas["trained"].url
-    assert httpx.get(f"{url}/nope", timeout=10).status_code == 404
-    wrong = httpx.get(f"{url}/predict", timeout=10)
+    assert get(f"{url}/nope", timeout=10).status_code == 404
+    wrong = get(f"{url}/predict", timeout=10)
     assert wrong.status_code == 405 and "POST" in wrong.json()["detail"]
 
 
 def test_tiny_lm_greedy_continuations_batched_and_validated(replicas: dict[str, Replica]) -> None:
     lm = replicas["lm"]
     url = f"{lm.url}/predict"
-    one = httpx.post(url, json={"inputs": ["The keeper "], "max_new_tokens": 12}, timeout=30)
+    one = post(url, json={"inputs": ["The keeper "], "max_new_tokens": 12}, timeout=30)
     assert one.status_code == 200, one.text
     text = one.json()["outputs"][0]
     assert isinstance(text, str) and len(text) == 12
@@ -140,14 +140,14 @@ def test_tiny_lm_greedy_continuations_batched_and_validated(replicas: dict[str, 
     for body, answer in zip(bodies, answers, strict=True):
         assert answer["outputs"][0] == text[:body["max_new_tokens"]]
         assert len(answer["outputs"][1]) == body["max_new_tokens"]
-    default = httpx.post(url, json={"inputs": ["x"]}, timeout=30).json()["outputs"][0]
+    default = post(url, json={"inputs": ["x"]}, timeout=30).json()["outputs"][0]
     assert len(default) == 16
-    capped = httpx.post(url, json={"inputs": ["x"], "max_new_tokens": 10_000}, timeout=60).json()["outputs"][0]
+    capped = post(url, json={"inputs": ["x"], "max_new_tokens": 10_000}, timeout=60).json()["outputs"][0]
     assert len(capped) == 128
     for body, reason in [({"inputs": [3]}, "must be a prompt string"), ({"inputs": [""]}, "empty prompt"),
                          ({"inputs": ["a"], "max_new_tokens": -1}, "max_new_tokens"),
                          ({"inputs": ["a"], "max_new_tokens": "5"}, "max_new_tokens")]:
-        response = httpx.post(url, json=body, timeout=10)
+        response = post(url, json=body, timeout=10)
         assert response.status_code == 400 and reason in response.json()["detail"], response.text
 
 
@@ -157,13 +157,13 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(replicas: dict[str, Rep
     body = {"inputs": ["The keeper "] + [f"prompt {i}" for i in range(15)], "max_new_tokens": 128}
     results: list[httpx.Response | Exception] = []
 
-    def post() -> None:
+    def send() -> None:
         try:
-            results.append(httpx.post(f"{lm.url}/predict", json=body, timeout=60))
+            results.append(post(f"{lm.url}/predict", json=body, timeout=60))
         except Exception as exc:  # noqa: BLE001 - asserted below
             results.append(exc)
 
-    thread = threading.Thread(target=post)
+    thread = threading.Thread(target=send)
     thread.start()
     deadline = time.monotonic() + 30
     while lm.stats()["in_flight"] == 0:
@@ -175,6 +175,6 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(replicas: dict[str, Rep
     assert results[0].status_code == 200 and len(results[0].json()["outputs"]) == 16
     # Stopped listening, and left a result record for the agent.
     with pytest.raises(httpx.TransportError):
-        httpx.get(f"{lm.url}/health", timeout=2)
+        get(f"{lm.url}/health", timeout=2)
     result = [r for r in lm.records() if r["type"] == "result"]
     assert result and result[-1]["requests"] >= 1

@@ -34,6 +34,7 @@ from workers.protocol import (
     ProtocolError,
     Registration,
     host_queue,
+    valid_address,
 )
 
 AGENT_VERSION = "0.1.0"
@@ -88,7 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="NAME", help="an environment variable of the agent's that jobs inherit besides "
                                              "the built-in allow-list; repeatable (env GPU_AGENT_PASS_ENV)")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not valid_address(args.address):
+        parser.error(f"--address {args.address!r} (GPU_AGENT_ADDRESS): expected an IP address or a host name "
+                     "(letters, digits, hyphens and dots), with no scheme, port, path or user")
+    return args
 
 
 def default_address() -> str:

@@ -42,7 +42,7 @@ from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
-from workers.protocol import Dispatch, JobIsolation, JobStatus
+from workers.protocol import REPLICA_SECRET_ENV, Dispatch, JobIsolation, JobStatus
 
 logger = logging.getLogger("workers.agent")
 
@@ -662,8 +662,13 @@ class JobRunner:
         workload = dispatch.workload
         if "serve" in workload:
             serve = workload["serve"]
-            argv = [self.python, "-m", "workers.runtime.serve", "--workload", str(serve["workload"]), "--port", "0",
-                    "--max-batch", str(int(serve.get("max_batch", 32))),
+            if not dispatch.replica_secret:
+                # Without one the replica would answer anyone who finds its port, past the gateway's checks.
+                raise ValueError("the dispatch of this inference replica carries no replica secret")
+            # Bound to this host's registered address only (the console reaches it there), never all interfaces.
+            host = ["--host", self.address] if self.address else []
+            argv = [self.python, "-m", "workers.runtime.serve", "--workload", str(serve["workload"]), *host,
+                    "--port", "0", "--max-batch", str(int(serve.get("max_batch", 32))),
                     "--max-wait-ms", str(float(serve.get("max_wait_ms", 5.0)))]
             if not serve.get("batching", True):
                 argv.append("--no-batching")
@@ -717,6 +722,9 @@ class JobRunner:
             env.update(HOME=str(job.home), USER=job.user.name, LOGNAME=job.user.name, TMPDIR=str(job.home / "tmp"))
         else:
             env.update(HOME=str(job.home), TMPDIR=tempfile.gettempdir())
+        env.pop(REPLICA_SECRET_ENV, None)
+        if dispatch.replica_secret:
+            env[REPLICA_SECRET_ENV] = dispatch.replica_secret  # not argv: /proc/PID/cmdline is world-readable
         if dispatch.max_steps:
             env["CONSOLE_MAX_STEPS"] = str(dispatch.max_steps)
         if self.simulated:

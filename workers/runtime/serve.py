@@ -22,6 +22,11 @@ Dynamic batching: concurrent requests are queued and collected for up to --max-w
 queued request) or until --max-batch inputs, then run as one forward pass on a single inference thread
 (the event loop keeps accepting meanwhile); while a batch runs, the next one fills up. --no-batching runs
 each request's inputs as their own forward pass. More than --max-queue queued inputs: 503 at once.
+Access: every request (every path, /health and /stats included) must carry the replica's secret in the
+X-Replica-Secret header, else 401. The secret comes from $CONSOLE_REPLICA_SECRET (the agent sets it from the
+console's dispatch), which the server removes from its environment once read; only the console's gateway and
+reconciler hold it. It listens on --host only (default 127.0.0.1; the agent passes the host's registered
+address), never on all interfaces. --no-auth (loopback --host only) serves without a secret, for local tries.
 Exit codes: 0 stopped, 2 bad arguments.
 """
 
@@ -30,6 +35,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -51,6 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER
 from . import checkpoint as ckpt
 from . import session as session_mod
 from .catalog import PRESETS
@@ -74,6 +82,8 @@ DIGIT_MAX_VALUE = 16.0
 LATENCY_WINDOW_S = 30.0
 RPS_WINDOW_S = 10.0
 GRACEFUL_SHUTDOWN_S = 5
+MIN_SECRET_CHARS = 16
+_SECRET_HEADER = REPLICA_SECRET_HEADER.lower().encode()
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -490,11 +500,12 @@ def _reject_constant(name: str) -> Any:
 class ServeApp:
     """A minimal ASGI application: /health, /predict, /stats."""
 
-    def __init__(self, engine: Engine, batcher: Batcher) -> None:
+    def __init__(self, engine: Engine, batcher: Batcher, secret: str | None) -> None:
         self.engine = engine
         self.batcher = batcher
         self.stats = Stats()
         self.ready = False
+        self._secret = secret.encode() if secret is not None else None  # None: --no-auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -516,7 +527,18 @@ class ServeApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def _authorized(self, scope: Scope) -> bool:
+        if self._secret is None:
+            return True
+        sent = [value for name, value in scope.get("headers", []) if name.lower() == _SECRET_HEADER]
+        return len(sent) == 1 and hmac.compare_digest(sent[0], self._secret)
+
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._authorized(scope):
+            # Before routing: without the secret nothing is told, not even which paths exist.
+            await _respond(send, 401, {"detail": f"send this replica's secret in {REPLICA_SECRET_HEADER}; "
+                                                 "clients go through the console's gateway"})
+            return
         path = scope["path"].rstrip("/") or "/"
         method = scope["method"]
         routes = {"/health": "GET", "/stats": "GET", "/predict": "POST"}
@@ -625,24 +647,25 @@ def _server_class() -> type:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # A host name binds the first address it resolves to (the agent's --address may be either).
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sock.bind(address)
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
 
 def serve(engine: Engine, *, host: str, port: int, max_batch: int, max_wait_ms: float, batching: bool,
-          max_queue: int, progress_file: Path | None) -> int:
+          max_queue: int, progress_file: Path | None, secret: str | None) -> int:
     import uvicorn
 
     from .reporting import Reporter
 
     batcher = Batcher(engine, max_batch=max_batch, max_wait_s=max_wait_ms / 1000.0, batching=batching,
                       max_queue=max_queue)
-    app = ServeApp(engine, batcher)
+    app = ServeApp(engine, batcher, secret)
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
     reporter = Reporter(progress_file)
@@ -670,6 +693,32 @@ def serve(engine: Engine, *, host: str, port: int, max_batch: int, max_wait_ms: 
     return 0
 
 
+def _access_problem(host: str, secret: str, no_auth: bool) -> str | None:
+    """Why this --host / secret / --no-auth combination may not serve, or None."""
+    try:
+        if ipaddress.ip_address(host).is_unspecified:
+            return f"--host {host} listens on every interface; give the one address to serve on"
+    except ValueError:
+        pass  # a host name
+    if no_auth:
+        if secret:
+            return f"--no-auth and ${REPLICA_SECRET_ENV} together: drop one"
+        if host != "localhost" and not _is_loopback(host):
+            return f"--no-auth serves anyone who reaches the port: only with a loopback --host, not {host}"
+        return None
+    if len(secret) < MIN_SECRET_CHARS:
+        return (f"${REPLICA_SECRET_ENV} must hold the replica's secret (at least {MIN_SECRET_CHARS} characters); "
+                "the agent sets it, or pass --no-auth with a loopback --host for a local try")
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     log.warning("SIGTERM before serving: exiting")
     raise SystemExit(0)
@@ -684,14 +733,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default=None, help="JSON object of workload params (the model's shape "
                         "when serving fresh weights; a checkpoint's own shape wins)")
     parser.add_argument("--preset", default=None, help=f"overrides ${ENV_PRESET} (default {DEFAULT_PRESET})")
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the one address to listen on (default 127.0.0.1; never all interfaces)")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--max-batch", type=int, default=32, help="most inputs in one forward pass")
     parser.add_argument("--max-wait-ms", type=float, default=5.0,
                         help="how long the oldest queued request waits for a batch to fill")
     parser.add_argument("--max-queue", type=int, default=4096, help="queued inputs beyond which requests get 503")
     parser.add_argument("--no-batching", action="store_true", help="run every request on its own")
+    parser.add_argument("--no-auth", action="store_true",
+                        help=f"serve without ${REPLICA_SECRET_ENV} (local tries only: needs a loopback --host)")
     args = parser.parse_args(argv)
+    # Read once and dropped, so that nothing this process starts inherits it.
+    secret = os.environ.pop(REPLICA_SECRET_ENV, "")
     session_mod.configure_logging(force=True)
     if threading.current_thread() is threading.main_thread():
         # Stopped while still loading: nothing in flight, a clean exit (while serving, uvicorn's handler
@@ -702,6 +756,9 @@ def main(argv: list[str] | None = None) -> int:
             or not math.isfinite(args.max_wait_ms):
         parser.error("--max-batch and --max-queue must be at least 1, --max-wait-ms at least 0, "
                      "--port 0..65535")
+    problem = _access_problem(args.host, secret, args.no_auth)
+    if problem:
+        parser.error(problem)
     preset = args.preset or os.environ.get(ENV_PRESET, "").strip() or DEFAULT_PRESET
     if preset not in PRESETS:
         parser.error(f"unknown preset {preset!r}; expected one of "
@@ -720,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return serve(engine, host=args.host, port=args.port, max_batch=args.max_batch,
                      max_wait_ms=args.max_wait_ms, batching=not args.no_batching, max_queue=args.max_queue,
-                     progress_file=RuntimeEnv.from_env().progress_file)
+                     progress_file=RuntimeEnv.from_env().progress_file, secret=None if args.no_auth else secret)
     except OSError as exc:
         log.error("cannot serve on %s:%d: %s", args.host, args.port, exc)
         return 1
