@@ -428,7 +428,7 @@ class JobRunner:
         others = [node.path for node in denied_device_nodes(job.dispatch.gpu_indices)]
         return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
                          private=self.private_paths, mask=[*self.mask_paths, *others],
-                         blocked_at=job.user.blocked_at)
+                         can_search=job.user.can_search)
 
     def _reclaim(self, job: JobProcess) -> None:
         """Take back what a job with a uid of its own left behind, before that uid can go to another job."""

@@ -58,22 +58,47 @@ class FilesystemView:
 
 
 def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: Iterable[Path],
-              mask: Iterable[Path], blocked_at: Callable[[Path], Path | None]) -> FilesystemView:
+              mask: Iterable[Path], can_search: Callable[[Path], bool]) -> FilesystemView:
     """The view of a job that needs `writable` and `readable`, must not see `private` (folders) nor `mask` (files).
 
-    `blocked_at(path)` names the first folder on the way to `path` the job's user cannot traverse: it is covered
-    too, and what the job needs below it is put back, so the job reaches exactly what it needs.
+    `can_search(folder)` says whether the job's user may traverse `folder`. A folder on the way to what the job
+    needs that the job would meet with its own permissions and could not traverse is covered too, and what the
+    job needs below it is put back, so the job reaches exactly what it needs. This holds below what is put back
+    as well: a code root put back read-only brings back its own private folders (a checkout's `var/`), which are
+    covered again, and a work folder inside one of them is put back inside that cover.
     """
     writable = [_real(p) for p in writable if p.exists()]
     readable = [_real(p) for p in readable if p.exists()]
+    needed = {*writable, *readable}
     hide = {_real(p) for p in private if p.exists() and p.is_dir()}
-    for path in [*writable, *readable]:
-        blocked = blocked_at(path)
-        if blocked is not None and blocked != path:
-            hide.add(_real(blocked))
-    tmp = [Path(p) for p in PRIVATE_TMP]
-    # A folder below another covered one is out of sight already (and its mount point would not exist).
-    hide = {p for p in hide if not any(p != top and p.is_relative_to(top) for top in [*hide, *tmp])}
+    tmp = {Path(p) for p in PRIVATE_TMP}
+
+    def nearest_above(folder: Path) -> Path | None:
+        """The deepest covered or put-back folder strictly above `folder`: what decides what the job meets there."""
+        above = [p for p in (*hide, *tmp, *needed) if p != folder and folder.is_relative_to(p)]
+        return max(above, key=lambda p: (len(p.parts), p in needed), default=None)
+
+    def met_as_is(folder: Path) -> bool:
+        """Whether the job meets `folder` itself, with its own owner and mode (not a mount point in a tmpfs)."""
+        if folder in needed:
+            return True
+        if folder in hide or folder in tmp:
+            return False
+        top = nearest_above(folder)
+        return top is None or top in needed
+
+    changed = True
+    while changed:  # each pass covers one more folder at most per needed path; the set only grows
+        changed = False
+        for path in sorted(needed):
+            for folder in reversed(path.parents):  # from / down to the path's parent
+                if folder not in needed and folder not in hide and met_as_is(folder) and not can_search(folder):
+                    hide.add(folder)
+                    changed = True
+                    break
+    # A covered folder the job cannot meet anyway (under another cover, nothing put back in between) is left out:
+    # its mount point would not exist in the view.
+    hide = {p for p in hide if (top := nearest_above(p)) is None or top in needed}
     covered = [*hide, *tmp]
 
     def needs_putting_back(path: Path) -> bool:
