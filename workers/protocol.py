@@ -174,8 +174,12 @@ class JobIsolation:
         if self.user == "shared-user":
             return (f"runs as the agent's --run-as user (uid {self.uid}), shared by every job on the host, {view}; "
                     "jobs on this host can reach each other's processes")
-        return (f"shares the agent's user (uid {self.uid}): the agent does not run as root, so it cannot switch "
-                "users, and the job can read whatever the agent can, its host token included")
+        if self.uid == 0:
+            return ("runs as root, like the agent (--job-uids off): it can read and change everything on its host, "
+                    "the agent's token and other jobs included")
+        return (f"shares the agent's user (uid {self.uid}): the agent cannot switch users (it does not run as "
+                "root, or cannot build a job's filesystem view), so the job can read whatever the agent can, its "
+                "host token included")
 
     def to_details(self) -> dict[str, Any]:
         return {"isolation": self.user, "isolation_uid": self.uid, "isolation_note": self.summary()}

@@ -166,8 +166,8 @@ def artifact_listing(request: Request, job_id: int) -> Response:
 def artifact_download(job_id: int, path: str) -> FileResponse:
     try:
         handle = artifact_store().open(str(job_id), path)
-    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise Http404("No such artifact.") from None
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
+        raise Http404("No such artifact.") from None  # what the console may not read is not served either
     return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
 
 

@@ -38,6 +38,7 @@ JOB_ENV = re.compile(r"^(PATH|LANG|LANGUAGE|TZ|TERM|PYTHONPATH|PYTHONHASHSEED|HO
                      r"CONSOLE_(JOB_ID|ATTEMPT|PRESET|PROGRESS_FILE|CHECKPOINT_DIR|OUTPUT_DIR|JOB_TOKEN|API_URL|"
                      r"DEVICE|MAX_STEPS|GPU_MEMORY_LIMIT_MB|GPU_MEMORY_FRACTION))$")
 
+PIDS_MAX = 200  # processes per job (the admin's GPU_AGENT_JOB_PIDS_MAX): a fork bomb stops there
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a job to another user needs root")
 
 
@@ -51,7 +52,7 @@ class HostileCluster(LiveCluster):
         if name.startswith("agent-"):
             argv = [*argv, *self.agent_args]  # argparse: the last --work-dir, --token-file... win
             saved = self.env
-            self.env = {**saved, **self.agent_env}
+            self.env = {**saved, "GPU_AGENT_JOB_PIDS_MAX": str(PIDS_MAX), **self.agent_env}
             try:
                 return super()._spawn(name, argv)
             finally:
@@ -85,15 +86,15 @@ class HostileCluster(LiveCluster):
 def _setup(mode: str, base: Path) -> HostileCluster:
     var = base / "var"
     if mode == "make-run":
-        return HostileCluster(base, agents={"red": "2xH200"}, mode=mode, agent_args=["--private", str(var)])
+        return HostileCluster(base, agents={"red": "4xH200"}, mode=mode, agent_args=["--private", str(var)])
     if mode == "run-as":
-        return HostileCluster(base, agents={"red": "2xH200"}, mode=mode,
+        return HostileCluster(base, agents={"red": "4xH200"}, mode=mode,
                               agent_args=["--run-as", "nobody", "--job-uids", "3910000-3910099"])
     # The systemd recipe: its agent.env, with this machine's paths; the token where an admin copies it.
     etc, state, shared = base / "etc" / "gpu-agent", base / "var-lib-gpu-agent", base / "shared" / "artifacts"
     etc.mkdir(parents=True)
     etc.chmod(0o750)
-    cluster = HostileCluster(base, agents={"red": "2xH200"}, mode=mode,
+    cluster = HostileCluster(base, agents={"red": "4xH200"}, mode=mode,
                              extra_env={"CONSOLE_ARTIFACTS": shared.as_uri()},
                              agent_env={"GPU_AGENT_NAME": "red", "GPU_AGENT_TOKEN_FILE": str(etc / "token"),
                                         "GPU_AGENT_WORK_DIR": str(state), "CONSOLE_ARTIFACTS": str(shared),
@@ -207,10 +208,10 @@ def test_a_job_cannot_swap_its_artifacts_for_links_that_the_console_would_follow
 
 @needs_root
 def test_the_jobs_own_work_still_works_progress_checkpoints_artifacts_and_resume_after_preemption(cluster):
-    low = cluster.submit_to("red", gpus=1, priority="low", max_steps=100_000,
+    low = cluster.submit_to("red", gpus=3, priority="low", max_steps=100_000,
                             workload={"builtin": "mlp-digits", "params": {"epochs": 10_000, "batch_size": 32}})
     cluster.wait_for(lambda: cluster.job(low["id"])["steps_done"] >= 30, timeout=120, what="the low job to train")
-    urgent = cluster.submit_to("red", gpus=1, priority="urgent", workload={"command": [PY, "-c", "print('urgent')"]})
+    urgent = cluster.submit_to("red", gpus=3, priority="urgent", workload={"command": [PY, "-c", "print('urgent')"]})
     assert cluster.wait_state(urgent["id"], {"succeeded", "failed"}, timeout=180)["state"] == "succeeded"
     resumed = cluster.wait_for(lambda: re.search(r"resumed from \S+ \(step (\d+)", cluster.log(low["id"])),
                                timeout=180, what="the low job to resume from its checkpoint")
@@ -222,3 +223,61 @@ def test_the_jobs_own_work_still_works_progress_checkpoints_artifacts_and_resume
     assert {"logs/attempt-1-node-0.log"} <= files, files
     cluster.admin().post(f"/api/v1/jobs/{low['id']}/cancel/", json={})
     cluster.wait_state(low["id"], {"cancelled"})
+
+
+@needs_root
+def test_a_fork_bomb_stops_at_the_jobs_process_limit_and_the_host_lives_on(cluster):
+    done, log = run_probe(cluster, "forkbomb")
+    forks = attempts(log, "fork")
+    assert len(forks) == 1 and set(forks.values()) == {"BlockingIOError"}, log  # EAGAIN from pids.max
+    children = int(re.search(r"^forkbomb children=(\d+)", log, re.M).group(1))
+    assert 0 < children < PIDS_MAX, children
+    assert done["state"] == "succeeded" and done["runtime_info"]["limits"]["pids"] == PIDS_MAX
+    # Its children went with it; the console and the other team's job did not notice.
+    assert cluster.job(cluster.victim["id"])["state"] == "running"
+    assert run_probe(cluster, "env")[0]["state"] == "succeeded"
+
+
+@needs_root
+def test_a_job_past_its_memory_limit_fails_with_that_reason(cluster):
+    done, log = run_probe(cluster, "hog", "1", memory_gb=0.25)
+    assert done["state"] == "failed", log
+    assert done["failure_reason"].startswith("out of memory: the job exceeded its memory limit of 0.25 GB"), done
+    assert "hog survived" not in log
+    assert cluster.job(cluster.victim["id"])["state"] == "running"
+
+
+@needs_root
+def test_replicas_answer_only_the_gateway_and_a_job_that_finds_one_gets_nothing(cluster):
+    admin = cluster.admin()
+    created = admin.post("/api/v1/services/", json={
+        "team": "blue", "name": "digits", "workload": "mlp-digits", "preset": "infer-fp32",
+        "min_replicas": 1, "max_replicas": 1})
+    assert created.status_code == 201, created.text
+    service = created.json()
+    try:
+        detail = cluster.wait_for(lambda: (d := admin.get(f"/api/v1/services/{service['id']}/").json())["stats"]
+                                  .get("ready") and d, timeout=240, what="the replica to be ready")
+        replica = cluster.job(detail["replicas"][0]["job"])
+        endpoint = replica["runtime_info"]["endpoint"]
+        port = int(endpoint.rsplit(":", 1)[1])
+        done, log = run_probe(cluster, "replicas", cluster.url)
+        assert done["state"] == "succeeded", log
+        calls = {target: outcome for target, outcome in attempts(log, "replica").items()
+                 if target.split("/")[0].endswith(f":{port}")}
+        assert calls, log  # it found the replica's port ...
+        for target, outcome in calls.items():  # ... and got nothing from it: no secret, no answer
+            assert outcome in ("401", "URLError", "ConnectionRefusedError"), (target, outcome)
+        assert any(outcome == "401" for outcome in calls.values()), calls
+        # The gateway, which holds the secret, is still served, for team blue's users only.
+        inputs = {"inputs": [[0.0] * 64]}
+        assert admin.post("/serve/blue/digits/predict", json=inputs).status_code == 200
+        assert httpx_anonymous(cluster).post("/serve/blue/digits/predict", json=inputs).status_code == 401
+    finally:
+        admin.delete(f"/api/v1/services/{service['id']}/")
+
+
+def httpx_anonymous(cluster: HostileCluster):
+    import httpx
+
+    return httpx.Client(base_url=cluster.url, timeout=30)

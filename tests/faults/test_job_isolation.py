@@ -211,7 +211,7 @@ def test_job_runs_under_its_own_uid_in_a_private_dir(cluster):
     for path in (home, home / "secret.txt", home / "tmp", outputs, outputs / "hello.txt"):
         assert path.stat().st_uid == os.geteuid(), path
     # Its home is the agent's alone; its artifacts the agent's too, readable by the store's group (the console's).
-    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE(outputs.stat().st_mode) == 0o750
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE(outputs.stat().st_mode) == 0o2750
     assert stat.S_IMODE((outputs / "hello.txt").stat().st_mode) == 0o640
 
 

@@ -21,6 +21,7 @@ from celery.signals import worker_shutdown
 from workers.agent.cgroups import host_capacity
 from workers.agent.client import AgentConfigError, ConsoleClient
 from workers.agent.runner import JobProcess, JobRunner, JobUids, RunAs, kill_leftover_jobs, resolve_run_as
+from workers.agent.sandbox import views_unavailable
 from workers.agent.sharing import over_share
 from workers.agent.telemetry import TelemetryLoop
 from workers.broker import TRANSPORT as FILESYSTEM_TRANSPORT
@@ -122,11 +123,26 @@ def resolve_job_uids(option: str | None, run_as: RunAs | None) -> JobUids | None
     if option is None:
         if os.geteuid() != 0 or run_as is not None:
             return None  # cannot switch users; or the one --run-as user was asked for
+        why = views_unavailable()
+        if why is not None:
+            logger.warning("jobs run as the agent's user, root: %s, so a job under another uid could not reach "
+                           "its files; give the agent CAP_SYS_ADMIN (in a container) to isolate jobs", why)
+            return None
         option = DEFAULT_JOB_UIDS
     elif os.geteuid() != 0:
         raise SystemExit(f"gpu-agent: --job-uids {option} needs the agent to run as root, to start jobs under "
                          f"other uids; this agent runs as uid {os.geteuid()}. Start it as root, or drop --job-uids.")
     return JobUids.parse(option)
+
+
+def check_views(run_as: RunAs | None, job_uids: JobUids | None) -> None:
+    """Jobs under another user need their filesystem view: refuse to start where it cannot be built."""
+    if run_as is None and job_uids is None:
+        return
+    why = views_unavailable()
+    if why is not None:
+        raise SystemExit(f"gpu-agent: jobs under other users need a filesystem view of their own, but {why}; give "
+                         "the agent CAP_SYS_ADMIN (in a container), or drop --run-as/--job-uids")
 
 
 def describe_isolation(run_as: RunAs | None, job_uids: JobUids | None) -> str:
@@ -256,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     run_as = resolve_run_as(args.run_as)
     job_uids = resolve_job_uids(args.job_uids, run_as)
+    check_views(run_as, job_uids)
     token = read_token(args)
     backend = open_gpu_backend(args)
     client = ConsoleClient(args.console_url, token)

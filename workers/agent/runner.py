@@ -397,9 +397,10 @@ class JobRunner:
         try:
             for folder in self._artifact_folders(job):
                 folder.mkdir(parents=True, exist_ok=True)
-                folder.parent.chmod(0o750)
-                _chown_tree(folder, user.uid, user.gid)
-                folder.chmod(0o700)
+                _own_by_store(folder.parent, self._store_gid())
+                # The job's to write; readable by the store's group (the console serves them while it runs).
+                _chown_tree(folder, user.uid, self._store_gid())
+                folder.chmod(0o2750)
         except OSError as exc:
             logger.warning("job %s: could not give %s its artifact folders: %s", job.dispatch.job_id, user.name,
                            exc)
@@ -421,6 +422,9 @@ class JobRunner:
         assert job.user is not None and job.home is not None
         readable = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(self.python)).parent.parent,
                     CODE_ROOT, *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        if job.limits is not None and job.limits.mechanism == "mps":  # the MPS daemons' pipes, under the work root
+            readable += [self.mps.pipe_directory(self.gpus[index][0]) for index in job.dispatch.gpu_indices
+                         if index in self.gpus]
         serve = job.dispatch.workload.get("serve")
         if isinstance(serve, dict) and serve.get("checkpoint"):
             readable.append(self.artifacts_root / str(serve["checkpoint"]))
@@ -431,8 +435,9 @@ class JobRunner:
                          can_search=job.user.can_search)
 
     def _reclaim(self, job: JobProcess) -> None:
-        """Take back what a job with a uid of its own left behind, before that uid can go to another job."""
-        if not self._has_own_uid(job) or job.home is None:
+        """Take back what a job under another user left behind: before its uid can go to another job, and so that
+        its artifacts are the agent's (readable by the store's group) once it has ended."""
+        if job.user is None or job.home is None:
             return
         for folder in [job.home, *self._artifact_folders(job)]:
             try:
@@ -440,7 +445,7 @@ class JobRunner:
                     # Artifacts: the agent's, readable by the artifact store's group (the console reads them).
                     store = folder != job.home
                     _chown_tree(folder, os.geteuid(), self._store_gid() if store else os.getegid(),
-                                modes=(0o750, 0o640) if store else (0o700, 0o600))
+                                modes=(0o2750, 0o640) if store else (0o700, 0o600))
             except OSError as exc:
                 logger.warning("job %s: could not take back %s from uid %s: %s", job.dispatch.job_id, folder,
                                job.user.uid, exc)
@@ -644,6 +649,8 @@ class JobRunner:
         target = (self.artifacts_root / str(job.dispatch.job_id) / "logs"
                   / f"attempt-{job.dispatch.attempt}-node-{job.node_rank}.log")
         target.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        for folder in (target.parent.parent, target.parent):
+            _own_by_store(folder, self._store_gid())
         with open(source, "rb") as reader, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
                                                         0o640), "wb") as writer:
             shutil.copyfileobj(reader, writer)
@@ -761,6 +768,12 @@ def _chown_tree(root: Path, uid: int, gid: int, *, modes: tuple[int, int] | None
     for folder, dirs, files in os.walk(root):  # does not descend into linked folders
         for name in [*dirs, *files]:
             fix(os.path.join(folder, name))
+
+
+def _own_by_store(folder: Path, gid: int) -> None:
+    """One of the agent's folders of the artifact store: its own, readable by the store's group."""
+    os.chown(folder, os.geteuid(), gid, follow_symlinks=False)
+    folder.chmod(0o2750)
 
 
 def _write_private(path: Path, text: str) -> None:

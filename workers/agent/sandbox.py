@@ -179,3 +179,21 @@ def enter(view: FilesystemView) -> None:
     finally:
         for fd in sources.values():
             os.close(fd)
+
+
+def views_unavailable() -> str | None:
+    """Why this process cannot build job views (no CAP_SYS_ADMIN: a container without it), or None if it can.
+    Tried in a throw-away child, so the agent's own mounts stay as they are."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if _libc().unshare(CLONE_NEWNS) != 0:
+                os._exit(ctypes.get_errno() or 1)
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k")
+        except OSError as exc:
+            os._exit(exc.errno or 1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return None if code == 0 else f"a private mount namespace cannot be made here ({os.strerror(code)})"

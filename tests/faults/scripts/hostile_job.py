@@ -17,6 +17,7 @@ Commands chain: `hostile_job.py env -- read A B -- swap` runs the three in turn.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -61,7 +62,7 @@ def http(method: str, url: str, token: str | None = None, scheme: str = "Bearer"
             return f"{response.status} {response.read(2000)!r}"
     except urllib.error.HTTPError as exc:
         return str(exc.code)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # not HTTP at all: another server
         return type(exc).__name__
 
 
