@@ -50,7 +50,7 @@ def read(paths: list[str]) -> None:
         say("read", path, outcome)
 
 
-def http(method: str, url: str, token: str | None = None, scheme: str = "Bearer", body: bytes | None = None,
+def call(method: str, url: str, token: str | None = None, scheme: str = "Bearer", body: bytes | None = None,
          headers: dict[str, str] | None = None) -> str:
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     if token is not None:
@@ -83,17 +83,17 @@ def creds(console: str, others: list[str]) -> None:
     api = console.rstrip("/") + "/api/v1"
     for name, value in found_credentials().items():
         for scheme in ("Host", "Bearer", "Token"):
-            say("agent-api", f"{scheme}:{name}", http("POST", f"{api}/agent/heartbeat/", value, scheme, b'{"running": []}'))
-            say("user-api", f"{scheme}:{name}", http("GET", f"{api}/jobs/", value, scheme))
+            say("agent-api", f"{scheme}:{name}", call("POST", f"{api}/agent/heartbeat/", value, scheme, b'{"running": []}'))
+            say("user-api", f"{scheme}:{name}", call("GET", f"{api}/jobs/", value, scheme))
     token = os.environ.get("CONSOLE_JOB_TOKEN", "")
-    say("own-job", "job-api", http("GET", f"{api}/job/", token, "Job"))
-    say("own-progress", "job-api", http("POST", f"{api}/job/progress/", token, "Job", b'{"step": 3}'))
+    say("own-job", "job-api", call("GET", f"{api}/job/", token, "Job"))
+    say("own-progress", "job-api", call("POST", f"{api}/job/progress/", token, "Job", b'{"step": 3}'))
     for other in others:
-        say("other-job", other, http("GET", f"{api}/jobs/{other}/", token, "Job"))
-        say("other-artifacts", other, http("GET", f"{api}/jobs/{other}/artifacts/", token, "Job"))
+        say("other-job", other, call("GET", f"{api}/jobs/{other}/", token, "Job"))
+        say("other-artifacts", other, call("GET", f"{api}/jobs/{other}/artifacts/", token, "Job"))
         say("other-artifact-via-own", other,
-            http("GET", f"{api}/job/artifacts/..%2F{other}%2Foutputs%2Fsecret.txt", token, "Job"))
-        say("other-report", other, http("POST", f"{api}/agent/jobs/{other}/status/", token, "Host",
+            call("GET", f"{api}/job/artifacts/..%2F{other}%2Foutputs%2Fsecret.txt", token, "Job"))
+        say("other-report", other, call("POST", f"{api}/agent/jobs/{other}/status/", token, "Host",
                                         b'{"state": "failed", "attempt": 1}'))
 
 
@@ -142,7 +142,7 @@ def replicas(console: str) -> None:
             continue
         for address in sorted(addresses):
             for path in ("/stats", "/predict"):
-                outcome = http("POST" if path == "/predict" else "GET", f"http://{address}:{port}{path}",
+                outcome = call("POST" if path == "/predict" else "GET", f"http://{address}:{port}{path}",
                                body=body if path == "/predict" else None)
                 say("replica", f"{address}:{port}{path}", outcome)
 
