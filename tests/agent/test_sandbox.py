@@ -1,0 +1,132 @@
+"""A job's filesystem view and environment (workers/agent/sandbox.py, the shim's --view, JobRunner.environment),
+with the real shim and a real uid switch: no cluster, a second or two each. They need root (to switch users and
+mount); they skip otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from workers.agent.runner import CODE_ROOT, JobProcess, JobRunner, RunAs
+from workers.agent.sandbox import plan_view
+from workers.protocol import Dispatch
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users and mounting need root")
+JOB_UID = 3_920_001
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    def attempt(path):
+        try:
+            if os.path.isdir(path):
+                return "listed"
+            with open(path) as handle:
+                return "read " + handle.read()
+        except OSError as exc:
+            return type(exc).__name__
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    print(json.dumps({"uid": os.getuid(), "paths": {p: attempt(p) for p in sys.argv[1:]},
+                      "no_new_privs": status["NoNewPrivs"].strip(), "pid1_visible": os.path.exists("/proc/1/cmdline"),
+                      "tmp": sorted(os.listdir("/tmp"))}))
+""")
+
+
+@pytest.fixture
+def layout(tmp_path):
+    """A host as `make run` lays it out, in a private (0700) folder: state, work dir, artifacts, a token."""
+    top = tmp_path / "private-home"  # like /root: no other user may traverse it
+    top.mkdir(mode=0o700)
+    var = top / "clone" / "var"
+    home = var / "agent" / "local" / "job-1" / "attempt-1" / "work-x"
+    outputs = var / "artifacts" / "1" / "outputs"
+    other = var / "artifacts" / "2" / "outputs"
+    for folder in (home, outputs, other):
+        folder.mkdir(parents=True)
+    for folder in (home, outputs):
+        os.chown(folder, JOB_UID, JOB_UID)
+    (var / "db.sqlite3").write_text("the console's database")
+    (other / "secret.txt").write_text("team blue's secret")
+    token = tmp_path / "token"
+    token.write_text("the host token")
+    (Path("/tmp") / f"sandbox-test-{os.getpid()}").write_text("another job's temporary file")
+    yield {"top": top, "var": var, "home": home, "outputs": outputs, "other": other, "token": token}
+    (Path("/tmp") / f"sandbox-test-{os.getpid()}").unlink(missing_ok=True)
+
+
+def run_in_view(layout, *paths: Path) -> dict:
+    user = RunAs.job_user(JOB_UID, None)
+    view = plan_view(writable=[layout["home"], layout["outputs"]],
+                     readable=[Path(sys.prefix), Path(sys.base_prefix), CODE_ROOT],
+                     private=[layout["var"]], mask=[layout["token"]], can_search=user.can_search)
+    view_file = layout["top"].parent / "view.json"
+    view_file.write_text(view.to_json())
+    result = subprocess.run(
+        [sys.executable, "-m", "workers.agent.shim", *user.shim_options(), "--view", str(view_file), "--",
+         sys.executable, "-c", PROBE, *map(str, paths)],
+        cwd=layout["home"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_job_reaches_its_own_folders_and_the_python_it_needs_and_nothing_else(layout):
+    found = run_in_view(layout, layout["home"], layout["outputs"], layout["var"] / "db.sqlite3",
+                        layout["other"] / "secret.txt", layout["token"], layout["var"],
+                        Path("/tmp") / f"sandbox-test-{os.getpid()}")
+    assert found["uid"] == JOB_UID  # and its Python ran, from a virtual environment under a 0700 folder
+    paths = found["paths"]
+    assert paths[str(layout["home"])] == "listed" and paths[str(layout["outputs"])] == "listed"
+    assert paths[str(layout["var"] / "db.sqlite3")] == "FileNotFoundError"
+    assert paths[str(layout["other"] / "secret.txt")] == "FileNotFoundError"
+    assert paths[str(layout["token"])] in ("read ", "FileNotFoundError")  # /dev/null in its place, or out of sight
+    assert paths[str(layout["var"])] == "listed" or paths[str(layout["var"])] == "PermissionError"
+    assert paths[f"/tmp/sandbox-test-{os.getpid()}"] == "FileNotFoundError"
+    assert found["tmp"] in ([], ["pytest-of-root"])  # a private /tmp: at most the way to its own folders
+    # No program it runs gains privileges; it sees no process but its own.
+    assert found["no_new_privs"] == "1" and found["pid1_visible"] is False
+
+
+def test_what_the_job_writes_in_its_view_lands_in_its_real_folders(layout):
+    user = RunAs.job_user(JOB_UID, None)
+    view = plan_view(writable=[layout["home"], layout["outputs"]], readable=[Path(sys.prefix), Path(sys.base_prefix)],
+                     private=[layout["var"]], mask=[], can_search=user.can_search)
+    view_file = layout["top"].parent / "view.json"
+    view_file.write_text(view.to_json())
+    target = layout["outputs"] / "model.txt"
+    result = subprocess.run([sys.executable, "-m", "workers.agent.shim", *user.shim_options(), "--view",
+                             str(view_file), "--", sys.executable, "-c",
+                             f"open({str(target)!r}, 'w').write('weights')"],
+                            cwd=layout["home"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert target.read_text() == "weights" and target.stat().st_uid == JOB_UID
+
+
+def test_a_view_that_cannot_be_built_stops_the_job_with_the_reason(layout, tmp_path):
+    bad = tmp_path / "bad-view.json"
+    bad.write_text(json.dumps({"hide": [str(tmp_path / "no-such-folder" / "x")]}))
+    result = subprocess.run([sys.executable, "-m", "workers.agent.shim", "--view", str(bad), "--", "true"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 126 and "could not start the job: " in result.stderr and "mount" in result.stderr
+
+
+def test_a_job_inherits_only_the_allow_listed_environment(tmp_path, monkeypatch):
+    for name, value in {"GPU_AGENT_TOKEN": "host-secret", "CONSOLE_ADMIN_PASSWORD": "admin-secret",
+                        "DATABASE_URL": "postgres://u:p@db/x", "CELERY_BROKER_URL": "redis://:pw@r/1",
+                        "DJANGO_SECRET_KEY": "k" * 50, "AWS_SECRET_ACCESS_KEY": "s3", "CONSOLE_VAR_DIR": "/x",
+                        "NCCL_SOCKET_IFNAME": "eth0", "LANG": "C.UTF-8", "EXTRA_FOR_JOBS": "yes"}.items():
+        monkeypatch.setenv(name, value)
+    runner = JobRunner(None, work_root=tmp_path / "work", artifacts_root=tmp_path / "artifacts",  # type: ignore[arg-type]
+                       pass_env=("EXTRA_FOR_JOBS",), console_url="http://console:8000")
+    dispatch = Dispatch(job_id=7, attempt=2, host="h", gpu_indices=(0,), kind="train", preset="baseline-fp32",
+                        workload={"command": ["true"]}, time_limit_s=60, job_token="the-attempts-token")
+    env = runner.environment(JobProcess(dispatch, tmp_path / "work" / "job-7" / "attempt-2"))
+    secrets = {"host-secret", "admin-secret", "postgres://u:p@db/x", "redis://:pw@r/1", "k" * 50, "s3", "/x"}
+    assert not secrets & set(env.values()), env
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["LANG"] == "C.UTF-8" and env["EXTRA_FOR_JOBS"] == "yes"
+    assert env["CONSOLE_JOB_TOKEN"] == "the-attempts-token"
+    assert env["CONSOLE_API_URL"] == "http://console:8000/api/v1/job/"
