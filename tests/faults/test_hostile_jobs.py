@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team
+from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 PROBE = Path(__file__).resolve().parent / "scripts" / "hostile_job.py"
@@ -210,11 +210,12 @@ def test_a_job_cannot_swap_its_artifacts_for_links_that_the_console_would_follow
 def test_the_jobs_own_work_still_works_progress_checkpoints_artifacts_and_resume_after_preemption(cluster):
     low = cluster.submit_to("red", gpus=3, priority="low", max_steps=100_000,
                             workload={"builtin": "mlp-digits", "params": {"epochs": 10_000, "batch_size": 32}})
-    cluster.wait_for(lambda: cluster.job(low["id"])["steps_done"] >= 30, timeout=120, what="the low job to train")
+    wait_until(lambda: cluster.job(low["id"])["steps_done"] >= 30, timeout=300, what="the low job to train",
+               details=lambda: f"{cluster.job(low['id'])}\n{cluster.log(low['id'])[-3000:]}")
     urgent = cluster.submit_to("red", gpus=3, priority="urgent", workload={"command": [PY, "-c", "print('urgent')"]})
     assert cluster.wait_state(urgent["id"], {"succeeded", "failed"}, timeout=180)["state"] == "succeeded"
     resumed = cluster.wait_for(lambda: re.search(r"resumed from \S+ \(step (\d+)", cluster.log(low["id"])),
-                               timeout=180, what="the low job to resume from its checkpoint")
+                               timeout=300, what="the low job to resume from its checkpoint")
     assert int(resumed.group(1)) >= 30
     again = cluster.job(low["id"])
     assert again["state"] == "running" and again["attempts"] == 2 and again["preemption_count"] == 1
