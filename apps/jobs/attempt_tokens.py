@@ -15,15 +15,20 @@ from apps.jobs.models import Job
 SALT = "console.jobs.attempt-token"
 
 
+def _signer() -> signing.Signer:
+    # No timestamp: a redelivered dispatch carries the same token; its life is the attempt's, checked on use.
+    return signing.Signer(salt=SALT)
+
+
 def attempt_token(job_id: int, attempt: int) -> str:
-    return signing.dumps({"job": job_id, "attempt": attempt}, salt=SALT)
+    return _signer().sign_object({"job": job_id, "attempt": attempt})
 
 
 def attempt_from_token(token: str) -> Job | None:
     """The running job whose current attempt `token` was issued for; None for any other token."""
     try:
-        claim = signing.loads(token, salt=SALT)
-    except signing.BadSignature:
+        claim = _signer().unsign_object(token)
+    except (signing.BadSignature, ValueError):
         return None
     if not isinstance(claim, dict) or not isinstance(claim.get("job"), int) or not isinstance(claim.get("attempt"), int):
         return None

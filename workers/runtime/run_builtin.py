@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from .workloads import BuiltinWorkload, get
 log = logging.getLogger("workers.runtime")
 
 TEACHER_FILE = "teacher.pt"
+REPORT_EVERY_S = 5.0
 
 
 class UsageError(ValueError):
@@ -152,16 +154,19 @@ def train(rt: Session, workload: BuiltinWorkload, params: dict[str, Any]) -> dic
     batches = rt.batches(loader, epochs=params["epochs"])
     log_every = max(1, (rt.planned_steps or 0) // 20)
     last_loss: torch.Tensor | None = None
-    reported_step = -1
+    reported_step, reported_at = -1, time.monotonic()
     for inputs, targets in batches:
         with rt.step_context():
             output = model(inputs)
             loss = rt.distill_loss(workload.loss(output, targets), output, inputs)
         rt.backward(loss)
         last_loss = loss.detach()
-        if rt.optimizer_step() and (rt.step % log_every == 0 or rt.step == 1):
+        # A report every twentieth of the run, and at least every few seconds of a long one (the console's
+        # steps and rates stay live).
+        if rt.optimizer_step() and (rt.step % log_every == 0 or rt.step == 1
+                                    or time.monotonic() - reported_at >= REPORT_EVERY_S):
             rt.report(loss=last_loss)
-            reported_step = rt.step
+            reported_step, reported_at = rt.step, time.monotonic()
     if last_loss is not None and reported_step != rt.step:
         rt.report(loss=last_loss)
     metrics = evaluate(rt, workload, model, eval_set, params["batch_size"])
