@@ -29,6 +29,7 @@ from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team, wai
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 PROBE = Path(__file__).resolve().parent / "scripts" / "hostile_job.py"
+RECIPE_ENV = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "gpu-agent.env.example"
 PY = sys.executable  # the virtual environment's Python: reached through the job's view, whatever folder holds it
 MODES = ("make-run", "run-as", "systemd")
 REFUSED = ("FileNotFoundError", "PermissionError", "NotADirectoryError", "IsADirectoryError")
@@ -90,16 +91,23 @@ def _setup(mode: str, base: Path) -> HostileCluster:
     if mode == "run-as":
         return HostileCluster(base, agents={"red": "4xH200"}, mode=mode,
                               agent_args=["--run-as", "nobody", "--job-uids", "3910000-3910099"])
-    # The systemd recipe: its agent.env, with this machine's paths; the token where an admin copies it.
+    # The systemd recipe: its agent.env as shipped, with this machine's paths and addresses.
     etc, state, shared = base / "etc" / "gpu-agent", base / "var-lib-gpu-agent", base / "shared" / "artifacts"
     etc.mkdir(parents=True)
-    etc.chmod(0o750)
+    etc.chmod(0o700)
+    places = {"/etc/gpu-agent": str(etc), "/var/lib/gpu-agent": str(state), "/shared/gpu-console/artifacts": str(shared)}
+    recipe = {}
+    for line in RECIPE_ENV.read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            name, value = line.split("=", 1)
+            recipe[name] = places.get(value, value)
+    # Where the console and broker are is the harness's (--console-url, --broker); this host is 127.0.0.1.
+    for name in ("GPU_AGENT_CONSOLE_URL", "CELERY_BROKER_URL"):
+        recipe.pop(name, None)
+    recipe.update(GPU_AGENT_NAME="red", GPU_AGENT_ADDRESS="127.0.0.1", NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+    assert recipe["GPU_AGENT_TOKEN_FILE"] == str(etc / "token") and recipe["GPU_AGENT_WORK_DIR"] == str(state)
     cluster = HostileCluster(base, agents={"red": "4xH200"}, mode=mode,
-                             extra_env={"CONSOLE_ARTIFACTS": shared.as_uri()},
-                             agent_env={"GPU_AGENT_NAME": "red", "GPU_AGENT_TOKEN_FILE": str(etc / "token"),
-                                        "GPU_AGENT_WORK_DIR": str(state), "CONSOLE_ARTIFACTS": str(shared),
-                                        "GPU_AGENT_ADDRESS": "127.0.0.1", "NCCL_SOCKET_IFNAME": "lo",
-                                        "GLOO_SOCKET_IFNAME": "lo"})
+                             extra_env={"CONSOLE_ARTIFACTS": shared.as_uri()}, agent_env=recipe)
     # The options the recipe sets by environment: the harness's flags for them give way.
     cluster.agent_args = ["--token-file", str(etc / "token"), "--work-dir", str(state), "--artifacts", str(shared)]
     return cluster

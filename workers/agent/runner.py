@@ -43,6 +43,7 @@ from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
 from workers.protocol import REPLICA_SECRET_ENV, Dispatch, JobIsolation, JobStatus
+from workers.runtime.artifacts import LocalArtifactStore
 
 logger = logging.getLogger("workers.agent")
 
@@ -225,6 +226,8 @@ class JobProcess:
     home: Path | None = None
     # Who the job's processes run as: the --run-as user, or a uid of its own (--job-uids); None: the agent.
     user: RunAs | None = None
+    # A replica's weights (another job's artifact), staged in its home where its uid can read them.
+    checkpoint: Path | None = None
     cgroup: JobCgroup | None = None  # its memory, CPU and process limits (workers/agent/cgroups.py)
 
     def __post_init__(self) -> None:
@@ -404,6 +407,20 @@ class JobRunner:
         except OSError as exc:
             logger.warning("job %s: could not give %s its artifact folders: %s", job.dispatch.job_id, user.name,
                            exc)
+        serve = job.dispatch.workload.get("serve")
+        if isinstance(serve, dict) and serve.get("checkpoint"):
+            job.checkpoint = self._stage_checkpoint(str(serve["checkpoint"]), job.home / "inputs", user)
+
+    def _stage_checkpoint(self, checkpoint: str, folder: Path, user: RunAs) -> Path:
+        """Copy `<job id>/<path>` of the artifact store where the job's uid can read it (the store's files are the
+        agent's, 0640), through the store's own reads: never through a link."""
+        job_id, _, relpath = checkpoint.partition("/")
+        folder.mkdir(mode=0o700)
+        target = LocalArtifactStore(self.artifacts_root).get_to(job_id, relpath, folder / Path(relpath).name)
+        for path in (folder, target):
+            os.chown(path, user.uid, user.gid)
+        target.chmod(0o600)
+        return target
 
     def _artifact_folders(self, job: JobProcess) -> list[Path]:
         return [self.artifacts_root / str(job.dispatch.job_id) / name for name in ("checkpoints", "outputs")]
@@ -425,9 +442,6 @@ class JobRunner:
         if job.limits is not None and job.limits.mechanism == "mps":  # the MPS daemons' pipes, under the work root
             readable += [self.mps.pipe_directory(self.gpus[index][0]) for index in job.dispatch.gpu_indices
                          if index in self.gpus]
-        serve = job.dispatch.workload.get("serve")
-        if isinstance(serve, dict) and serve.get("checkpoint"):
-            readable.append(self.artifacts_root / str(serve["checkpoint"]))
         # Other GPUs' device nodes: the job cannot open them even if it unsets CUDA_VISIBLE_DEVICES.
         others = [node.path for node in denied_device_nodes(job.dispatch.gpu_indices)]
         return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
@@ -460,7 +474,7 @@ class JobRunner:
             local_log = open(os.open(job.workdir / "output.log",  # noqa: SIM115 - closed by _pump
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600),
                              "a", encoding="utf-8")
-            argv = self.command(dispatch)
+            argv = self.command(dispatch, checkpoint=job.checkpoint)
             env = self.environment(job)
             _write_private(job.workdir / "command.json", json.dumps({"argv": argv}))
             view_options: list[str] = []
@@ -665,7 +679,7 @@ class JobRunner:
 
     # --- what to run
 
-    def command(self, dispatch: Dispatch) -> list[str]:
+    def command(self, dispatch: Dispatch, *, checkpoint: Path | None = None) -> list[str]:
         workload = dispatch.workload
         if "serve" in workload:
             serve = workload["serve"]
@@ -680,7 +694,7 @@ class JobRunner:
             if not serve.get("batching", True):
                 argv.append("--no-batching")
             if serve.get("checkpoint"):
-                argv += ["--checkpoint", str(self.artifacts_root / str(serve["checkpoint"]))]
+                argv += ["--checkpoint", str(checkpoint or self.artifacts_root / str(serve["checkpoint"]))]
             return argv
         if "builtin" in workload:
             program = ["-m", "workers.runtime.run_builtin", "--workload", str(workload["builtin"]),
