@@ -100,7 +100,9 @@ def _setup(mode: str, base: Path) -> HostileCluster:
     for line in RECIPE_ENV.read_text().splitlines():
         if line and not line.startswith("#") and "=" in line:
             name, value = line.split("=", 1)
-            recipe[name] = places.get(value, value)
+            for place, here in places.items():
+                value = here + value[len(place):] if value == place or value.startswith(place + "/") else value
+            recipe[name] = value
     # Where the console and broker are is the harness's (--console-url, --broker); this host is 127.0.0.1.
     for name in ("GPU_AGENT_CONSOLE_URL", "CELERY_BROKER_URL"):
         recipe.pop(name, None)
