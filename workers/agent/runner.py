@@ -106,13 +106,6 @@ class RunAs:
             return bool(info.st_mode & stat.S_IXGRP)
         return bool(info.st_mode & stat.S_IXOTH)
 
-    def blocked_at(self, path: Path) -> Path | None:
-        """The first folder on the way to `path` (itself included) this user cannot traverse, if any."""
-        for folder in reversed([path, *path.parents]):
-            if not self.can_search(folder):
-                return folder
-        return None
-
 
 class JobUids:
     """A range of user ids with no account, one per running job (--job-uids), handed out round robin.
