@@ -14,11 +14,12 @@ from django.http import FileResponse
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import authentication, exceptions, permissions, serializers, status
+from rest_framework import exceptions, permissions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.machine_auth import KeywordTokenAuthentication, MachinePrincipal
 from apps.core.schema import ErrorSerializer
 from apps.jobs import services
 from apps.jobs.api import ArtifactSerializer, artifact_download, artifact_listing, artifact_store
@@ -30,36 +31,22 @@ WRITABLE_FOLDERS = ("checkpoints", "outputs")
 
 
 @dataclass(frozen=True)
-class JobPrincipal:
+class JobPrincipal(MachinePrincipal):
     """A running job attempt: no person, no role in any team."""
 
     job: Job
-    is_authenticated: bool = True
-    is_active: bool = True
-    is_staff: bool = False
-    pk: None = None
 
     def get_username(self) -> str:
         return f"job:{self.job.pk}"
 
 
-class JobTokenAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request):
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != b"job":
-            return None
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Invalid Authorization header: expected 'Job <token>'.")
-        try:
-            job = attempt_from_token(header[1].decode())
-        except UnicodeDecodeError:
-            job = None
-        if job is None:
-            raise exceptions.AuthenticationFailed("This job token is unknown, or its attempt no longer runs.")
-        return JobPrincipal(job), job
+class JobTokenAuthentication(KeywordTokenAuthentication):
+    keyword = "Job"
+    unknown = "This job token is unknown, or its attempt no longer runs."
 
-    def authenticate_header(self, request) -> str:
-        return 'Job realm="job"'
+    def resolve(self, token: str) -> tuple[JobPrincipal, Job] | None:
+        job = attempt_from_token(token)
+        return (JobPrincipal(job), job) if job is not None else None
 
 
 class JobTokenScheme(OpenApiAuthenticationExtension):
