@@ -538,6 +538,9 @@ class JobRunner:
         self._reclaim(job)  # its processes are gone: before the console hears the end, take its files back
         try:
             self._save_log_artifact(job)
+        except OSError as exc:  # the local output.log keeps it; the end must still be reported
+            logger.warning("job %s: could not store its log artifact: %s", job.dispatch.job_id, exc)
+        try:
             self.client.report(job.dispatch.job_id, status)
         except ConsoleRejected as exc:
             logger.info("final report for job %s ignored: %s", job.dispatch.job_id, exc)
@@ -661,7 +664,8 @@ class JobRunner:
         with open(source, "rb") as reader, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
                                                         0o640), "wb") as writer:
             shutil.copyfileobj(reader, writer)
-        os.chown(target, os.geteuid(), self._store_gid())
+        if os.geteuid() == 0:
+            os.chown(target, os.geteuid(), self._store_gid())
 
     def _store_gid(self) -> int:
         """The artifact store's group: the console reads artifacts through it (root's own under `make run`)."""
@@ -779,7 +783,8 @@ def _chown_tree(root: Path, uid: int, gid: int, *, modes: tuple[int, int] | None
 
 def _own_by_store(folder: Path, gid: int) -> None:
     """One of the agent's folders of the artifact store: its own, readable by the store's group."""
-    os.chown(folder, os.geteuid(), gid, follow_symlinks=False)
+    if os.geteuid() == 0:  # an agent under its own user keeps the groups it has
+        os.chown(folder, os.geteuid(), gid, follow_symlinks=False)
     folder.chmod(0o2750)
 
 
