@@ -28,19 +28,17 @@ def start_cluster(base: Path, postgres, redis, agents: dict[str, str]) -> LiveCl
     live.start()
     admin = live.admin()
     create_team(admin, "it", 16)
-    live.runs = base / "runs"
-    live.runs.mkdir()
     return live
 
 
 def counted_job(cluster: LiveCluster, seconds: float, **spec) -> dict:
     return cluster.submit(**{"gpus": 1, "workload": {
-        "command": [PY, str(SCRIPTS / "counted_run.py"), str(cluster.runs), str(seconds)]}, **spec})
+        "command": [PY, str(SCRIPTS / "counted_run.py"), str(seconds)]}, **spec})
 
 
 def runs_of(cluster: LiveCluster, job_id: int) -> tuple[int, int]:
     """(starts, completions) that the job's processes wrote down."""
-    path = cluster.runs / str(job_id)
+    path = cluster.base / "artifacts" / str(job_id) / "outputs" / "runs.log"
     lines = path.read_text().splitlines() if path.exists() else []
     return sum(line.startswith("start") for line in lines), sum(line.startswith("done") for line in lines)
 

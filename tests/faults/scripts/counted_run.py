@@ -1,12 +1,15 @@
-"""A job that records each start and each completion in <runs_dir>/<job id>, so a test can prove that no job
-ran to completion twice. Usage: counted_run.py RUNS_DIR SECONDS"""
+"""A job that records each start and each completion in its own outputs (runs.log, which every attempt of the job
+is given back), so a test can prove that no job ran to completion twice. Usage: counted_run.py SECONDS
+
+A job sees only its own folders: it cannot write down its runs anywhere else on the host.
+"""
 
 import os
 import sys
 import time
 from pathlib import Path
 
-runs = Path(sys.argv[1]) / os.environ.get("CONSOLE_JOB_ID", "unknown")
+runs = Path(os.environ["CONSOLE_OUTPUT_DIR"]) / "runs.log"
 attempt = os.environ.get("CONSOLE_ATTEMPT", "?")
 
 
@@ -17,5 +20,5 @@ def note(event: str) -> None:
 
 note("start")
 os.write(1, f"proc pid={os.getpid()} attempt={attempt}\n".encode())
-time.sleep(float(sys.argv[2]))
+time.sleep(float(sys.argv[1]))
 note("done")
