@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,17 +21,7 @@ from tests.integration.live import LiveCluster, create_team
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.slow]
 PASSWORD = "a-long-pass-for-browser-7"
 BURN_S = 25
-BURN = """\
-import os, sys, time
-seconds = float(sys.argv[1])
-start = last = time.time()
-os.write(1, b"burn start\\n")
-while time.time() - start < seconds:  # one busy core: the simulated GPU reports it as SM utilization
-    if time.time() - last >= 1:
-        last = time.time()
-        os.write(1, f"burn {round(last - start)}\\n".encode())
-os.write(1, b"burn done\\n")
-"""
+BURN = Path(__file__).parent / "scripts" / "burn.py"
 NO_RELOAD = "window.__noReload = 'still-the-same-document'"
 
 
@@ -50,8 +41,7 @@ def cluster(tmp_path_factory):
             assert admin.post("/api/v1/users/", json={"username": user, "password": PASSWORD}).status_code == 201
             assert admin.post(f"/api/v1/teams/{team}/members/",
                               json={"username": user, "role": role}).status_code == 201
-        live.burn = base / "burn.py"
-        live.burn.write_text(BURN)
+        live.burn = BURN
         yield live
     finally:
         live.stop()
