@@ -61,3 +61,16 @@ def train_spec(**overrides) -> dict:
     spec = {"name": "resnet", "team": "vision", "gpus": 1, "workload": {"builtin": "mlp-digits"}}
     spec.update(overrides)
     return spec
+
+
+@pytest.fixture
+def fake_s3(monkeypatch):
+    """An S3 endpoint in memory (moto) with the bucket `artifacts`, for the s3:// artifact store."""
+    boto3 = pytest.importorskip("boto3")
+    moto = pytest.importorskip("moto")
+    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    with moto.mock_aws():
+        boto3.client("s3").create_bucket(Bucket="artifacts")
+        yield boto3.client("s3")

@@ -84,20 +84,12 @@ def test_safe_relpath_normalises() -> None:
     assert safe_relpath("./a//b/./c.txt") == "a/b/c.txt"
 
 
-def test_s3_store_with_moto(tmp_path, monkeypatch) -> None:
-    boto3 = pytest.importorskip("boto3")
-    moto = pytest.importorskip("moto")
-    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    with moto.mock_aws():
-        boto3.client("s3").create_bucket(Bucket="artifacts")
-        store = artifact_store_from_url("s3://artifacts/console/prod")
-        assert isinstance(store, S3ArtifactStore)
-        exercise(store, tmp_path)
-        keys = sorted(o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="artifacts")["Contents"])
-        assert keys == ["console/prod/job-1/logs/train.log", "console/prod/job-1/model.pt",
-                        "console/prod/job-2/model.pt"]
+def test_s3_store_with_moto(tmp_path, fake_s3) -> None:
+    store = artifact_store_from_url("s3://artifacts/console/prod")
+    assert isinstance(store, S3ArtifactStore)
+    exercise(store, tmp_path)
+    keys = sorted(o["Key"] for o in fake_s3.list_objects_v2(Bucket="artifacts")["Contents"])
+    assert keys == ["console/prod/job-1/logs/train.log", "console/prod/job-1/model.pt", "console/prod/job-2/model.pt"]
 
 
 def test_factory(tmp_path) -> None:
