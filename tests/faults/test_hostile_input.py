@@ -57,6 +57,18 @@ def test_deep_json_in_job_params_is_a_400(world, client_for):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("form", [False, True])
+def test_a_nul_byte_in_a_related_name_is_a_400_naming_the_field(world, client_for, form):
+    """Found by schemathesis on PostgreSQL: a slug relation looked up 'v\\x00' as is and the database refused it."""
+    body = {"name": "r", "kind": "gpu_no_data", "severity": "critical", "teams": ["vision", "n\x00lp"]}
+    client = client_for(world.admin)
+    answer = (client.post("/api/v1/alert-rules/", body) if form
+              else client.post("/api/v1/alert-rules/", body, format="json"))
+    assert answer.status_code == 400, answer.content[:300]
+    assert answer.json() == {"teams": ["Must not contain NUL bytes."]}
+
+
+@pytest.mark.django_db
 def test_params_deeper_than_32_levels_are_a_400_naming_workload(world, client_for):
     client = client_for(world.member)
     answer = client.post("/api/v1/jobs/", deep_params(33), content_type="application/json")
