@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.core.serializers import RejectUnknownFieldsMixin
+from apps.core.serializers import RejectUnknownFieldsMixin, SlugLookupField
 from apps.telemetry.models import Alert, AlertRule
 
 
@@ -25,8 +25,8 @@ class AlertSerializer(serializers.ModelSerializer):
 
 
 class AlertRuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    teams = serializers.SlugRelatedField(slug_field="slug", many=True, required=False,
-                                         queryset=AlertRule.teams.rel.model.objects.all())
+    teams = SlugLookupField(slug_field="slug", many=True, required=False,
+                            queryset=AlertRule.teams.rel.model.objects.all())
 
     class Meta:
         model = AlertRule
