@@ -68,6 +68,8 @@ class Hub:
         self.subscribers.discard(subscriber)
 
     async def _run(self) -> None:
+        # A hub that stopped with its last subscriber may restart much later: its host list is then stale.
+        self.host_names = []
         await sync_to_async(self._start_outbox)()
         while self.subscribers:
             started = time.monotonic()
