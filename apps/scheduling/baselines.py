@@ -106,7 +106,8 @@ class OracleShortest:
             remaining, _ = self.oracle(job.job_id)
             return (remaining * (job.gpus if self.by_service else 1), job.submitted_at, job.job_id)
 
-        ordered = sorted((*snapshot.running, *snapshot.pending), key=key)
+        jobs: list[AnyJob] = [*snapshot.running, *snapshot.pending]
+        ordered = sorted(jobs, key=key)
         why = "preempted for a job with less remaining " + ("service" if self.by_service else "time")
         return admit_preemptive(snapshot, ordered, self.consolidate, why)
 
@@ -165,7 +166,7 @@ class Tiresias2DLAS:
         stopped = {p.job_id for p in decisions.preemptions}
         placed = {p.job_id for p in decisions.placements}
         soonest: float | None = None
-        running = [j for j in snapshot.running if j.job_id not in stopped]
+        running: list[AnyJob] = [j for j in snapshot.running if j.job_id not in stopped]
         running += [j for j in snapshot.pending if j.job_id in placed]
         for job in running:
             attained = attained_gpu_seconds(job, now)

@@ -198,14 +198,14 @@ class Simulator:
             for user in usage.users:
                 usage.users[user] *= factor
         for job in self.running.values():
-            usage = self.usage.get(job.team)
-            if usage is None:
+            team = self.usage.get(job.team)
+            if team is None:
                 continue
             state = self.jobs[job.job_id]
             charged = decayed_gpu_seconds(job.gpus, state.share_units, max(state.run_start, self.usage_clock),
                                           self.now, self.now, self.half_life_s)
-            usage.value += charged
-            usage.users[job.user] = usage.users.get(job.user, 0.0) + charged
+            team.value += charged
+            team.users[job.user] = team.users.get(job.user, 0.0) + charged
         self.usage_clock = self.now
 
     def _quotas(self) -> dict[str, TeamQuotaView]:
