@@ -61,8 +61,9 @@ class RuntimeHistory:
 def elapsed_run_s(job: PendingJob | RunningJob, now: float) -> float:
     """Wall-clock seconds the job has run in total (earlier runs plus the current one)."""
     # Attained service is in GPU-seconds (usage.py); a fraction of a GPU earns its share per second.
-    rate = gpus_held(job.gpus, job_share_units(job))
-    earlier = job.attained_gpu_seconds / rate if job.attained_gpu_seconds and job.gpus else 0.0
+    earlier = 0.0
+    if job.attained_gpu_seconds and job.gpus:
+        earlier = job.attained_gpu_seconds / gpus_held(job.gpus, job_share_units(job))
     if isinstance(job, RunningJob):
         return earlier + max(0.0, now - job.started_at)
     return earlier
