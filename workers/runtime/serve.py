@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER
+from ..protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER, JobEnvironment, ServingProgress
 from . import checkpoint as ckpt
 from . import session as session_mod
 from .catalog import PRESETS
@@ -674,8 +674,8 @@ def serve(engine: Engine, *, host: str, port: int, max_batch: int, max_wait_ms: 
     server = _server_class()(config)
 
     def on_ready() -> None:
-        reporter.emit({"type": "serving", "port": bound_port, "host": host, "workload": engine.workload,
-                       "preset": engine.preset, "batching": batching})
+        reporter.emit(ServingProgress(port=bound_port, host=host, workload=engine.workload, preset=engine.preset,
+                                      batching=batching).to_message())
         print(f"serving on {host}:{bound_port}", flush=True)
         log.info("%s (%s) ready on %s:%d; batching %s", engine.workload, engine.preset, host, bound_port,
                  f"up to {batcher.max_batch} inputs / {max_wait_ms:g} ms" if batching else "off")
@@ -744,8 +744,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-auth", action="store_true",
                         help=f"serve without ${REPLICA_SECRET_ENV} (local tries only: needs a loopback --host)")
     args = parser.parse_args(argv)
+    try:
+        job_env = JobEnvironment.from_env(os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
     # Read once and dropped, so that nothing this process starts inherits it.
-    secret = os.environ.pop(REPLICA_SECRET_ENV, "")
+    secret = job_env.replica_secret
+    os.environ.pop(REPLICA_SECRET_ENV, None)
     session_mod.configure_logging(force=True)
     if threading.current_thread() is threading.main_thread():
         # Stopped while still loading: nothing in flight, a clean exit (while serving, uvicorn's handler
@@ -759,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = _access_problem(args.host, secret, args.no_auth)
     if problem:
         parser.error(problem)
-    preset = args.preset or os.environ.get(ENV_PRESET, "").strip() or DEFAULT_PRESET
+    preset = args.preset or job_env.preset or DEFAULT_PRESET
     if preset not in PRESETS:
         parser.error(f"unknown preset {preset!r}; expected one of "
                      f"{', '.join(n for n, p in PRESETS.items() if p.kind == 'inference')}")
@@ -772,12 +777,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         parser.error(str(exc))
     engine.warm_up(1 if args.no_batching else args.max_batch)
-    from .env import RuntimeEnv
-
     try:
         return serve(engine, host=args.host, port=args.port, max_batch=args.max_batch,
                      max_wait_ms=args.max_wait_ms, batching=not args.no_batching, max_queue=args.max_queue,
-                     progress_file=RuntimeEnv.from_env().progress_file, secret=None if args.no_auth else secret)
+                     progress_file=job_env.progress_file, secret=None if args.no_auth else secret)
     except OSError as exc:
         log.error("cannot serve on %s:%d: %s", args.host, args.port, exc)
         return 1
