@@ -471,7 +471,8 @@ def decode_progress_message(message: Any) -> ProgressRecord | None:
     """A progress record from its JSON object; None for anything else (another type, a malformed record)."""
     if not isinstance(message, dict):
         return None
-    kind = PROGRESS_RECORDS.get(message.get("type"))  # type: ignore[arg-type]
+    name = message.get("type")
+    kind = PROGRESS_RECORDS.get(name) if isinstance(name, str) else None
     if kind is None:
         return None
     try:

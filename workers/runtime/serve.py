@@ -55,7 +55,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER, JobEnvironment, ServingProgress
@@ -66,8 +65,7 @@ from .env import ENV_PRESET
 from .inference import count_quantized
 from .run_builtin import UsageError, resolve_params, seed_everything
 from .workloads import get as get_workload
-from .workloads.digits import CNNDigits
-from .workloads.tiny_lm import TinyLM, corpus, decode, encode
+from .workloads.tiny_lm import TinyLM
 
 log = logging.getLogger("workers.runtime")
 
@@ -119,9 +117,9 @@ class Engine:
         self.quantized_layers = quantized_layers
         self.checkpoint = checkpoint
         self.arch = arch
+        self.codec = get_workload(workload)  # the workload's own encoding of inputs and outputs
         self.is_lm = isinstance(model, TinyLM) or workload == "tiny-lm"
         if self.is_lm:
-            self.vocab = corpus()[1]
             self.seq_len = int(arch["seq_len"])
 
     def describe(self) -> dict[str, Any]:
@@ -163,7 +161,7 @@ class Engine:
                 raise InputError(f"inputs[{index}] has {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
             # The model only ever sees its last seq_len characters; characters outside the training
             # corpus's vocabulary map to its first symbol (as in training).
-            prompts.append(encode(prompt[-self.seq_len:], self.vocab).tolist())
+            prompts.append(self.codec.model_inputs(prompt[-self.seq_len:]).tolist())
         return Payload(len(inputs), (prompts, new_tokens))
 
     # inference (worker thread) -----------------------------------------------------------------------------
@@ -176,11 +174,8 @@ class Engine:
 
     def _run_digits(self, payloads: list[Payload]) -> list[dict[str, Any]]:
         pixels = np.concatenate([p.data for p in payloads]) if len(payloads) > 1 else payloads[0].data
-        x = torch.from_numpy(pixels).to(self.device) / DIGIT_MAX_VALUE
-        if self.workload == "cnn-digits":
-            # The same preprocessing as training: 8x8 upsampled bilinearly to 32x32.
-            x = F.interpolate(x.view(-1, 1, 8, 8), size=CNNDigits.image_size, mode="bilinear",
-                              align_corners=False)
+        # The same encoding as training (the workload's model_inputs), on this replica's device.
+        x = self.codec.model_inputs(torch.from_numpy(pixels).to(self.device))
         logits = self.model(x.to(self.input_dtype))
         probabilities = torch.softmax(logits.float(), dim=-1).cpu().numpy().astype(np.float64)
         classes = probabilities.argmax(axis=-1).tolist()
@@ -214,7 +209,7 @@ class Engine:
                 ids = torch.cat([ids, next_id], dim=1)
             tokens = torch.cat(generated, dim=1).cpu()
             for row, i in enumerate(members):
-                texts[i] = decode(tokens[row, :flat[i][1]], self.vocab)
+                texts[i] = self.codec.decode_outputs(tokens[row, :flat[i][1]])[0]
         answers, start = [], 0
         for payload in payloads:
             answers.append({"outputs": texts[start:start + payload.count]})
