@@ -190,7 +190,7 @@ def exit_code_of(returncode: int) -> int:
 class Launcher:
     """One thread starts every job process, so PDEATHSIG ties them to the agent's life, not a worker thread's."""
 
-    _requests: queue.Queue = field(default_factory=queue.Queue)
+    _requests: queue.Queue[tuple[list[str], dict[str, Any], queue.Queue[Any]]] = field(default_factory=queue.Queue)
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -205,22 +205,23 @@ class Launcher:
             except BaseException as exc:  # noqa: BLE001 - handed back to the caller
                 reply.put(exc)
 
-    def popen(self, argv: list[str], **options: Any) -> subprocess.Popen:
+    def popen(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
         if self._thread is None:
             self.start()
-        reply: queue.Queue = queue.Queue(maxsize=1)
+        reply: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._requests.put((argv, options, reply))
         result = reply.get()
         if isinstance(result, BaseException):
             raise result
-        return result
+        process: subprocess.Popen[bytes] = result
+        return process
 
 
 @dataclass
 class JobProcess:
     dispatch: Dispatch
     workdir: Path
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     # Set when the agent stops the job: the state to report and why.
     stop_state: str | None = None
     stop_reason: str = ""
@@ -386,6 +387,7 @@ class JobRunner:
         with self._lock:
             self._jobs.pop(job.key, None)
         if self._has_own_uid(job):
+            assert self.job_uids is not None and job.user is not None
             self.job_uids.give_back(job.user.uid)
 
     def _make_dirs(self, job: JobProcess) -> None:
@@ -730,6 +732,7 @@ class JobRunner:
 
     def environment(self, job: JobProcess) -> dict[str, str]:
         dispatch = job.dispatch
+        assert job.home is not None
         env = {k: v for k, v in os.environ.items()
                if k in JOB_ENV_NAMES or k in self.pass_env or k.startswith(JOB_ENV_PREFIXES)}
         if job.user is not None:

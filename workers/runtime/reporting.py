@@ -44,8 +44,8 @@ class Reporter:
 
     def emit(self, record: dict[str, Any]) -> dict[str, Any]:
         """Append one JSON line (with a timestamp) and return it."""
-        line = {"type": record["type"], "ts": time.time(), **{k: v for k, v in record.items() if k != "type"}}
-        line = _clean(line)
+        raw = {"type": record["type"], "ts": time.time(), **{k: v for k, v in record.items() if k != "type"}}
+        line: dict[str, Any] = _clean(raw)
         if self.enabled and self.path is not None:
             # One write per line in append mode, so a reader tailing the file never sees half a record
             # from us (lines are far below PIPE_BUF).

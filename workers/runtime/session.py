@@ -622,7 +622,7 @@ class Session:
         self.close()
 
 
-class _StdoutHandler(logging.StreamHandler):
+class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever sys.stdout is at the time (job logs are collected from stdout)."""
 
     def __init__(self) -> None:

@@ -18,7 +18,7 @@ class BuiltinWorkload(ABC):
     width_key: str = ""
 
     @abstractmethod
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
         """(train, eval) datasets of (inputs, targets) pairs; built without downloads."""
 
     @abstractmethod

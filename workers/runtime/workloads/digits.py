@@ -34,7 +34,7 @@ def _pixels(raw: Any) -> torch.Tensor:
     return images.reshape(-1, IMAGE_SIDE * IMAGE_SIDE) / PIXEL_MAX
 
 
-def _split(images: torch.Tensor, labels: torch.Tensor) -> tuple[Dataset, Dataset]:
+def _split(images: torch.Tensor, labels: torch.Tensor) -> tuple[Dataset[Any], Dataset[Any]]:
     # A fixed permutation, so every run (and every process) sees the same split.
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
     cut = int(len(labels) * (1 - EVAL_FRACTION))
@@ -83,7 +83,7 @@ class MLPDigits(BuiltinWorkload):
     arch_keys = ("hidden", "depth")
     width_key = "hidden"
 
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
         images, labels = _digits()
         return _split(self.model_inputs(torch.from_numpy(images)), torch.from_numpy(labels))
 
@@ -100,7 +100,7 @@ class CNNDigits(BuiltinWorkload):
     width_key = "channels"
     image_size = 32
 
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
         images, labels = _digits()
         # Upsampled once, up front (model_inputs), not per batch.
         return _split(self.model_inputs(torch.from_numpy(images)), torch.from_numpy(labels))

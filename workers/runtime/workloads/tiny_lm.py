@@ -33,7 +33,7 @@ def decode(ids: torch.Tensor, vocab: str) -> str:
     return "".join(vocab[i] for i in ids.tolist())
 
 
-class CharChunks(Dataset):
+class CharChunks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """(seq_len inputs, next-character targets) windows over `ids`, starting every `stride` characters."""
 
     def __init__(self, ids: torch.Tensor, seq_len: int, stride: int) -> None:
@@ -110,7 +110,7 @@ class TinyLMWorkload(BuiltinWorkload):
     arch_keys = ("layers", "d_model", "heads", "seq_len")
     width_key = "d_model"
 
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
         text, _ = corpus()
         ids = self.model_inputs(text)
         cut = int(len(ids) * (1 - EVAL_FRACTION))
