@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -28,6 +28,15 @@ from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from apps.jobs.attempt_tokens import attempt_token
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
+from apps.jobs.lifecycle import (
+    ACTIVE_STATES,
+    lock_job,
+    note,
+    preempt_and_requeue,
+    request_scheduler_pass,
+    requeue,
+    transition,
+)
 from apps.jobs.models import Job, JobAllocation, JobEvent, JobLogChunk, UsageSegment
 from apps.jobs.selectors import can_cancel
 from apps.quotas.models import PRIORITY_RANK, Priority, TeamQuota, UserQuota
@@ -47,7 +56,6 @@ from workers.runtime.catalog import PRESETS, WORKLOADS, validate_params
 
 logger = logging.getLogger(__name__)
 State = Job.State
-ACTIVE_STATES = (State.QUEUED, State.PLACED, State.RUNNING, State.PREEMPTED)
 
 
 @dataclass(frozen=True)
@@ -404,41 +412,6 @@ def _default_time_limit() -> int:
 # --- transitions
 
 
-def _lock_job(job_id: int) -> Job | None:
-    return Job.objects.select_for_update().filter(pk=job_id).first()
-
-
-def _transition(
-    job: Job,
-    to_state: str,
-    reason: str,
-    *,
-    from_states: Iterable[str],
-    actor: AbstractBaseUser | None = None,
-    data: dict[str, Any] | None = None,
-    **fields: Any,
-) -> bool:
-    """Conditional UPDATE of a locked job row; False when it is no longer in one of `from_states`."""
-    from_state = job.state
-    updated = Job.objects.filter(pk=job.pk, state__in=list(from_states)).update(
-        state=to_state, updated_at=timezone.now(), **fields
-    )
-    if updated != 1:
-        return False
-    JobEvent.objects.create(
-        job=job, from_state=from_state, to_state=to_state, reason=reason[:500], actor=actor, data=data or {}
-    )
-    job.state = to_state
-    for name, value in fields.items():
-        setattr(job, name, value)
-    return True
-
-
-def _release(job: Job, now: Any) -> None:
-    JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
-    UsageSegment.objects.filter(job=job, ended_at__isnull=True).update(ended_at=now)
-
-
 def job_place(
     job_id: int,
     gpu_ids: tuple[int, ...],
@@ -458,7 +431,7 @@ def job_place(
             if job is None or job.state != State.QUEUED or len(gpu_ids) != job.gpus:
                 return False
             quota = quota_lock(job.team)
-            job = _lock_job(job_id)
+            job = lock_job(job_id)
             if job is None or job.state != State.QUEUED:
                 return False
             share = 100 if not job.is_fractional else (share_units or job.gpu_share_units)
@@ -491,11 +464,11 @@ def job_place(
                 where += f" ({share}% of the GPU, shared)"
             if borrowing:
                 where += " (borrowing idle GPUs beyond the team's quota; preemptible)"
-            if not _transition(
+            if not transition(
                 job,
                 State.PLACED,
                 f"{reason} on {where}",
-                from_states=[State.QUEUED],
+                at=now,
                 placed_at=now,
                 pending_reason="",
                 queue_position=None,
@@ -527,35 +500,32 @@ def _placeable(gpu: GPU, job: Job) -> bool:
 
 def job_mark_running(job_id: int, *, reason: str = "process started") -> bool:
     with transaction.atomic():
-        job = _lock_job(job_id)
+        job = lock_job(job_id)
         if job is None:
             return False
-        return _transition(job, State.RUNNING, reason, from_states=[State.PLACED], started_at=timezone.now())
+        now = timezone.now()
+        return transition(job, State.RUNNING, reason, at=now, started_at=now)
 
 
 def job_finish(
     job_id: int, *, succeeded: bool, exit_code: int | None, reason: str, data: dict[str, Any] | None = None
 ) -> bool:
     with transaction.atomic():
-        job = _lock_job(job_id)
+        job = lock_job(job_id)
         if job is None:
             return False
         now = timezone.now()
         to_state = State.SUCCEEDED if succeeded else State.FAILED
-        changed = _transition(
+        return transition(
             job,
             to_state,
             reason,
-            from_states=[State.PLACED, State.RUNNING],
             data=data,
+            at=now,
             exit_code=exit_code,
             finished_at=now,
             failure_reason="" if succeeded else reason[:500],
         )
-        if changed:
-            _release(job, now)
-            request_scheduler_pass()
-        return changed
 
 
 def job_cancel(
@@ -564,18 +534,15 @@ def job_cancel(
     if not can_cancel(actor, job):
         raise JobPermissionError("You may not cancel this job.")
     with transaction.atomic():
-        locked = _lock_job(job.pk)
+        locked = lock_job(job.pk)
         if locked is None or locked.state not in ACTIVE_STATES:
             raise JobStateError(f"Job {job.pk} is already {locked.state if locked else 'gone'}.")
-        was_holding = locked.state in Job.HOLDING_STATES
+        hosts = _job_hosts(locked) if locked.state in Job.HOLDING_STATES else []
         now = timezone.now()
         text = f"cancelled by {actor.get_username()}" + (f": {reason}" if reason else "")
-        _transition(locked, State.CANCELLED, text, from_states=ACTIVE_STATES, actor=actor, finished_at=now)
-        if was_holding:
-            hosts = _job_hosts(locked)
-            _release(locked, now)
+        transition(locked, State.CANCELLED, text, actor=actor, at=now, finished_at=now)
+        if hosts:
             _send_stop_after_commit(locked.pk, locked.attempts, hosts, "cancelled")
-            request_scheduler_pass()
         if actor.pk != locked.user_id:
             audit_record(
                 AuditEvent.Action.JOB_CANCELLED_BY_OTHER,
@@ -612,35 +579,6 @@ def jobs_set_pending_info(infos: dict[int, tuple[str, int | None, Any]]) -> int:
 
 
 # --- asynchronous follow-ups, always after commit
-
-
-_pass_enqueued_at = float("-inf")
-
-
-def request_scheduler_pass() -> None:
-    """Ask for a scheduler pass soon. Requests within one second share a pass (beat runs one anyway)."""
-
-    def enqueue() -> None:
-        global _pass_enqueued_at
-        # A pass was requested within the second, by this process or (the shared key) another one: it runs after
-        # this commit (countdown=1) and will see the job, so skip even the shared cache's round trip in a burst.
-        # A job committed after that pass started waits at most for beat's pass, a second later.
-        if time.monotonic() - _pass_enqueued_at < 1.0:
-            return
-        requested_here = cache.add("jobs:scheduler-pass-requested", 1, timeout=1)
-        _pass_enqueued_at = time.monotonic()
-        if not requested_here:
-            return
-        try:
-            from apps.jobs.tasks import scheduler_pass
-
-            scheduler_pass.apply_async(countdown=1)
-        except Exception:  # noqa: BLE001 - the broker being down must not fail the request; beat retries
-            logger.warning("could not enqueue a scheduler pass; the periodic pass will pick the job up", exc_info=True)
-
-    transaction.on_commit(enqueue)
-
-
 
 
 # --- dispatch to hosts and what the agents report
@@ -755,7 +693,7 @@ class AgentReportError(Exception):
 def _job_for_host(job_id: int, host: Host, attempt: int) -> Job:
     """The job, locked, if `host` runs its current attempt `attempt`: only the hosts that hold its GPUs now may
     report on it (a host that ran an earlier attempt, or was never given the job, may not)."""
-    job = _lock_job(job_id)
+    job = lock_job(job_id)
     if job is None:
         raise AgentReportError(f"job {job_id} does not run on host {host.name}")
     if attempt != job.attempts:
@@ -792,8 +730,8 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
                 fields["runtime_info"] = {**job.runtime_info, **reported}
             Job.objects.filter(pk=job.pk).update(**fields)
             if job.state == State.PLACED:
-                _transition(job, State.RUNNING, f"process started on {host.name}", from_states=[State.PLACED],
-                            started_at=now, data=status.details)
+                transition(job, State.RUNNING, f"process started on {host.name}", at=now, started_at=now,
+                           data=status.details)
             return job, True
         if results.get(node, {}).get("state") not in (None, "running"):
             return job, False
@@ -801,8 +739,7 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
                          "host": host.name}
         Job.objects.filter(pk=job.pk).update(node_results=results)
         if status.state == "preempted":
-            _requeue(job, f"preempted on {host.name}: {status.reason or 'checkpoint saved'}", now,
-                     count_preemption=True)
+            preempt_and_requeue(job, f"preempted on {host.name}: {status.reason or 'checkpoint saved'}", at=now)
         elif status.state == "failed":
             hosts = _job_hosts(job)
             reason = status.reason or f"exited with code {status.exit_code}"
@@ -834,26 +771,15 @@ def _reported_limits(value: Any) -> dict[str, Any] | None:
 
 
 def _finish(job: Job, to_state: str, reason: str, now, *, exit_code: int | None, data: dict | None = None) -> None:
-    if _transition(job, to_state, reason, from_states=list(Job.HOLDING_STATES), data=data, exit_code=exit_code,
-                   finished_at=now, failure_reason="" if to_state == State.SUCCEEDED else reason[:500]):
-        _release(job, now)
-        request_scheduler_pass()
-
-
-def _requeue(job: Job, reason: str, now, *, count_preemption: bool = False) -> None:
-    fields: dict[str, Any] = {"pending_reason": "requeued", "placed_at": None, "started_at": None,
-                              "borrowing": False, "preempt_requested_at": None, "runtime_info": {}}
-    if count_preemption:
-        fields["preemption_count"] = job.preemption_count + 1
-    if _transition(job, State.QUEUED, reason, from_states=list(Job.HOLDING_STATES), **fields):
-        _release(job, now)
-        request_scheduler_pass()
+    """End a job that holds GPUs (its GPUs are released with the transition)."""
+    transition(job, to_state, reason, data=data, at=now, exit_code=exit_code, finished_at=now,
+               failure_reason="" if to_state == State.SUCCEEDED else reason[:500])
 
 
 def job_host_lost(job_id: int, host: Host, reason: str = "") -> str | None:
     """A host holding this job stopped answering: requeue the job if its retries allow, else fail it."""
     with transaction.atomic():
-        job = _lock_job(job_id)
+        job = lock_job(job_id)
         if job is None or job.state not in Job.HOLDING_STATES:
             return None
         now = timezone.now()
@@ -861,7 +787,7 @@ def job_host_lost(job_id: int, host: Host, reason: str = "") -> str | None:
         retry = job.attempts  # attempts counts placements; the first run is not a retry
         why = reason or f"{host.name} stopped sending heartbeats"
         if retry <= job.max_retries:
-            _requeue(job, f"host lost: {why}; requeued, retry {retry} of {job.max_retries}", now)
+            requeue(job, f"host lost: {why}; requeued, retry {retry} of {job.max_retries}", at=now)
             outcome = State.QUEUED
         else:
             _finish(job, State.FAILED, f"host lost: {why}", now, exit_code=None)
@@ -910,7 +836,7 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
 def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
     """Progress a running job reports itself, with its attempt token (the job API)."""
     with transaction.atomic():
-        locked = _lock_job(job.pk)
+        locked = lock_job(job.pk)
         if locked is not None and locked.state == State.RUNNING and locked.attempts == job.attempts:
             _record_training_progress(locked, progress)
 
@@ -1024,7 +950,7 @@ def job_preempt(job_id: int, reason: str) -> bool:
     """
 
     with transaction.atomic():
-        job = _lock_job(job_id)
+        job = lock_job(job_id)
         if job is None or job.state not in Job.HOLDING_STATES:
             return False
         now = timezone.now()
@@ -1032,10 +958,10 @@ def job_preempt(job_id: int, reason: str) -> bool:
             return False  # already asked; the agent is checkpointing
         hosts = _job_hosts(job)
         if job.state == State.PLACED:
-            _requeue(job, f"preempted before it started: {reason}", now, count_preemption=True)
+            preempt_and_requeue(job, f"preempted before it started: {reason}", at=now)
         else:
             Job.objects.filter(pk=job.pk).update(preempt_requested_at=now)
-            JobEvent.objects.create(job=job, from_state=job.state, to_state="", reason=f"preemption requested: {reason}"[:500])
+            note(job, f"preemption requested: {reason}")
         _send_preempt_after_commit(job.pk, job.attempts, hosts, reason)
         return True
 
@@ -1057,17 +983,14 @@ def _send_preempt_after_commit(job_id: int, attempt: int, hosts: list[str], reas
 def job_release(job_id: int, reason: str) -> bool:
     """Stop a job by policy (no user acts): it gets SIGTERM, so the runtime checkpoints, and ends cancelled."""
     with transaction.atomic():
-        job = _lock_job(job_id)
+        job = lock_job(job_id)
         if job is None or job.state not in ACTIVE_STATES:
             return False
-        was_holding = job.state in Job.HOLDING_STATES
         now = timezone.now()
-        hosts = _job_hosts(job) if was_holding else []
-        _transition(job, State.CANCELLED, reason, from_states=ACTIVE_STATES, finished_at=now)
-        if was_holding:
-            _release(job, now)
+        hosts = _job_hosts(job) if job.state in Job.HOLDING_STATES else []
+        transition(job, State.CANCELLED, reason, at=now, finished_at=now)
+        if hosts:
             _send_stop_after_commit(job.pk, job.attempts, hosts, reason)
-            request_scheduler_pass()
         return True
 
 
@@ -1092,7 +1015,7 @@ def ledger_reconcile() -> dict[str, int]:
              .exclude(held=models_F("gpus")).values_list("pk", flat=True))
     for job_id in list(short):
         with transaction.atomic():
-            job = _lock_job(job_id)
+            job = lock_job(job_id)
             if job is not None and job.state in Job.HOLDING_STATES:
                 _finish(job, State.FAILED, "its GPU allocation was lost (repaired by the ledger check)", now,
                         exit_code=None)

@@ -191,7 +191,7 @@ def test_urgent_job_preempts_a_low_one_which_resumes_from_its_checkpoint(cluster
     assert any(r.startswith("preemption requested") and f"job {urgent['id']}" in r for r in reasons), reasons
     assert any(r.startswith("preempted on it-e") for r in reasons), reasons
     assert [e["to_state"] for e in events if e["to_state"]] == [
-        "queued", "placed", "running", "queued", "placed", "running"]
+        "queued", "placed", "running", "preempted", "queued", "placed", "running"]
     files = {a["path"] for a in cluster.admin().get(f"/api/v1/jobs/{low['id']}/artifacts/").json()}
     assert any(path.startswith("checkpoints/") for path in files), files
     cluster.admin().post(f"/api/v1/jobs/{low['id']}/cancel/", json={})

@@ -1,0 +1,139 @@
+"""The job lifecycle: which state may follow which, and the one function every state change goes through.
+
+A job is created queued (submission inserts it with its first event). From then on `transition` is the only
+writer of `Job.state`: a conditional UPDATE on the state the caller read under the row lock, the JobEvent with
+its reason, and, when the job leaves the states that hold GPUs, the release of its GPUs and usage segment and a
+request for a scheduler pass (after commit).
+
+A preempted job is entered as such and requeued in the same transaction (`preempt_and_requeue`): `preempted`
+shows in the job's events between the run it ended and the queue it went back to.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from apps.jobs.models import Job, JobAllocation, JobEvent, UsageSegment
+
+logger = logging.getLogger(__name__)
+State = Job.State
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    State.QUEUED: frozenset({State.PLACED, State.CANCELLED}),
+    State.PLACED: frozenset({State.RUNNING, State.SUCCEEDED, State.FAILED, State.CANCELLED, State.PREEMPTED,
+                             State.QUEUED}),  # queued: its host was lost and a retry is left
+    State.RUNNING: frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.PREEMPTED, State.QUEUED}),
+    State.PREEMPTED: frozenset({State.QUEUED, State.CANCELLED}),
+    State.SUCCEEDED: frozenset(),
+    State.FAILED: frozenset(),
+    State.CANCELLED: frozenset(),
+}
+
+# States a job may still be cancelled (by a user or by policy) from.
+ACTIVE_STATES = tuple(state for state in State if State.CANCELLED in TRANSITIONS[state])
+
+
+def allowed(from_state: str, to_state: str) -> bool:
+    return to_state in TRANSITIONS.get(from_state, frozenset())
+
+
+def sources(to_state: str) -> tuple[str, ...]:
+    """The states `to_state` may be entered from."""
+    return tuple(state for state, targets in TRANSITIONS.items() if to_state in targets)
+
+
+def lock_job(job_id: int) -> Job | None:
+    return Job.objects.select_for_update().filter(pk=job_id).first()
+
+
+def transition(
+    job: Job,
+    to: str,
+    reason: str,
+    *,
+    actor: AbstractBaseUser | None = None,
+    data: dict[str, Any] | None = None,
+    at: datetime | None = None,
+    **fields: Any,
+) -> bool:
+    """Move a (locked) job to `to`, setting `fields` with it. False, and nothing written, when the table refuses
+    the move or the row is no longer in the state `job` was read in."""
+    from_state = job.state
+    if not allowed(from_state, to):
+        return False
+    now = at or timezone.now()
+    updated = Job.objects.filter(pk=job.pk, state=from_state).update(state=to, updated_at=now, **fields)
+    if updated != 1:
+        return False
+    JobEvent.objects.create(job=job, from_state=from_state, to_state=to, reason=reason[:500], actor=actor,
+                            data=data or {})
+    job.state = to
+    for name, value in fields.items():
+        setattr(job, name, value)
+    if from_state in Job.HOLDING_STATES and to not in Job.HOLDING_STATES:
+        release_gpus(job, now)
+        request_scheduler_pass()
+    return True
+
+
+def release_gpus(job: Job, now: datetime) -> None:
+    """End the job's allocations and its open usage segment."""
+    JobAllocation.objects.filter(job=job, released_at__isnull=True).update(released_at=now)
+    UsageSegment.objects.filter(job=job, ended_at__isnull=True).update(ended_at=now)
+
+
+REQUEUE_FIELDS: dict[str, Any] = {"pending_reason": "requeued", "placed_at": None, "started_at": None,
+                                  "borrowing": False, "preempt_requested_at": None, "runtime_info": {}}
+
+
+def requeue(job: Job, reason: str, *, at: datetime | None = None) -> bool:
+    """Put a job that held GPUs (or was just preempted) back in the queue, keeping its place in line."""
+    return transition(job, State.QUEUED, reason, at=at, **REQUEUE_FIELDS)
+
+
+def preempt_and_requeue(job: Job, reason: str, *, at: datetime | None = None) -> bool:
+    """Record the preemption (`preempted`, with the GPUs released) and requeue the job, in one transaction."""
+    with transaction.atomic():
+        if not transition(job, State.PREEMPTED, reason, at=at, preemption_count=job.preemption_count + 1):
+            return False
+        return requeue(job, "requeued after preemption; it resumes from its checkpoint", at=at)
+
+
+def note(job: Job, reason: str, *, data: dict[str, Any] | None = None) -> None:
+    """An event that changes no state (a preemption asked of the agent, say)."""
+    JobEvent.objects.create(job=job, from_state=job.state, to_state="", reason=reason[:500], data=data or {})
+
+
+_pass_enqueued_at = float("-inf")
+
+
+def request_scheduler_pass() -> None:
+    """Ask for a scheduler pass soon. Requests within one second share a pass (beat runs one anyway)."""
+
+    def enqueue() -> None:
+        global _pass_enqueued_at
+        # A pass was requested within the second, by this process or (the shared key) another one: it runs after
+        # this commit (countdown=1) and will see the job, so skip even the shared cache's round trip in a burst.
+        # A job committed after that pass started waits at most for beat's pass, a second later.
+        if time.monotonic() - _pass_enqueued_at < 1.0:
+            return
+        requested_here = cache.add("jobs:scheduler-pass-requested", 1, timeout=1)
+        _pass_enqueued_at = time.monotonic()
+        if not requested_here:
+            return
+        try:
+            from apps.jobs.tasks import scheduler_pass
+
+            scheduler_pass.apply_async(countdown=1)
+        except Exception:  # noqa: BLE001 - the broker being down must not fail the request; beat retries
+            logger.warning("could not enqueue a scheduler pass; the periodic pass will pick the job up", exc_info=True)
+
+    transaction.on_commit(enqueue)
