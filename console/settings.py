@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "apps.jobs",
     "apps.telemetry",
     "apps.serving",
+    "apps.operations",
     "apps.dashboard",
 ]
 

@@ -6,12 +6,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from apps.accounts import api as accounts_api
+from apps.accounts import audit_api
 from apps.cluster import agent_api as cluster_agent_api
 from apps.cluster import api as cluster_api
-from apps.core import views as core_views
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
 from apps.jobs import job_api as jobs_job_api
+from apps.jobs import usage_api
+from apps.operations import agent_api as operations_agent_api
 from apps.quotas import api as quotas_api
 from apps.serving import api as serving_api
 from apps.serving import gateway as serving_gateway
@@ -24,7 +26,7 @@ router.register("teams", accounts_api.TeamViewSet, basename="team")
 router.register("tokens", accounts_api.TokenViewSet, basename="token")
 router.register("hosts", cluster_api.HostViewSet, basename="host")
 router.register("jobs", jobs_api.JobViewSet, basename="job")
-router.register("audit", core_views.AuditEventViewSet, basename="audit")
+router.register("audit", audit_api.AuditEventViewSet, basename="audit")
 router.register("alerts", telemetry_api.AlertViewSet, basename="alert")
 router.register("alert-rules", telemetry_api.AlertRuleViewSet, basename="alert-rule")
 router.register("services", serving_api.ServiceViewSet, basename="service")
@@ -34,11 +36,11 @@ api_v1 = [
     path("teams/<slug:slug>/members/", accounts_api.TeamMembersView.as_view(), name="team-members"),
     path("teams/<slug:slug>/members/<str:username>/", accounts_api.TeamMemberView.as_view(), name="team-member"),
     path("teams/<slug:slug>/quota/", quotas_api.TeamQuotaView.as_view(), name="team-quota"),
-    path("teams/<slug:slug>/usage/", quotas_api.TeamUsageView.as_view(), name="team-usage"),
+    path("teams/<slug:slug>/usage/", usage_api.TeamUsageView.as_view(), name="team-usage"),
     path("presets/", jobs_api.PresetsView.as_view(), name="presets"),
     path("workloads/", jobs_api.WorkloadsView.as_view(), name="workloads"),
     path("agent/register/", cluster_agent_api.RegisterView.as_view(), name="agent-register"),
-    path("agent/heartbeat/", cluster_agent_api.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/heartbeat/", operations_agent_api.HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/telemetry/", telemetry_api.TelemetryIngestView.as_view(), name="agent-telemetry"),
     path("ws-ticket/", telemetry_api.WsTicketView.as_view(), name="ws-ticket"),
     path("agent/jobs/<int:job_id>/status/", jobs_agent_api.JobStatusView.as_view(), name="agent-job-status"),

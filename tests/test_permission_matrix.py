@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.accounts.models import ApiToken, Membership
+from apps.accounts.models import ApiToken, Membership, Team
 from apps.core.models import AuditEvent
 from apps.jobs.models import Job
 from apps.jobs.services import JobSpec, job_submit
@@ -94,7 +94,10 @@ def test_team_list_and_detail(world, client_for, persona):
 def test_team_create_admin_only(world, client_for, persona):
     response = client_for(world.persona(persona)).post("/api/v1/teams/", {"slug": "robotics"}, format="json")
     assert response.status_code == expect(persona, {"admin"}, 201, forbidden=403)
-    assert TeamQuota.objects.filter(team__slug="robotics").exists() == (persona == "admin")
+    assert Team.objects.filter(slug="robotics").exists() == (persona == "admin")
+    if persona == "admin":  # its quota row is made on first use, with the defaults
+        assert client_for(world.admin).get("/api/v1/teams/robotics/quota/").json()["max_gpus"] == 0
+        assert TeamQuota.objects.filter(team__slug="robotics").exists()
 
 
 @pytest.mark.parametrize("persona", PERSONAS)

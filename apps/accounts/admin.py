@@ -1,7 +1,6 @@
 from django.contrib import admin
 
 from apps.accounts.models import ApiToken, Membership, Team
-from apps.quotas.models import TeamQuota, UserQuota
 
 
 class MembershipInline(admin.TabularInline):
@@ -10,22 +9,11 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
-class TeamQuotaInline(admin.StackedInline):
-    model = TeamQuota
-    can_delete = False
-
-
-class UserQuotaInline(admin.TabularInline):
-    model = UserQuota
-    extra = 0
-    autocomplete_fields = ["user"]
-
-
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
     list_display = ("slug", "name", "created_at")
     search_fields = ("slug", "name")
-    inlines = [TeamQuotaInline, UserQuotaInline, MembershipInline]
+    inlines = [MembershipInline]  # apps.quotas.admin adds the team's quotas
 
 
 @admin.register(Membership)

@@ -140,11 +140,9 @@ def membership_remove(*, membership: Membership, actor: AbstractBaseUser, reques
 
 
 def team_create(*, slug: str, name: str, actor: AbstractBaseUser, request: HttpRequest | None = None) -> Team:
-    from apps.quotas.services import quota_ensure
-
+    """A new team; its quota row (apps.quotas, which sits above accounts) is created where first used."""
     with transaction.atomic():
         team = Team.objects.create(slug=slug, name=name or slug)
-        quota_ensure(team)
         audit_record(AuditEvent.Action.TEAM_CHANGED, actor=actor, target=f"team {slug}", request=request, created=True)
     return team
 

@@ -1,4 +1,4 @@
-"""The agent's side of the API: registration and heartbeats, authenticated by the host's own token."""
+"""The agent's side of the API: registration, authenticated by the host's own token (heartbeats: apps.operations)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from apps.cluster.authentication import HostTokenAuthentication, IsHostAgent
-from apps.cluster.services import RegistrationError, host_heartbeat, host_register
+from apps.cluster.authentication import AgentView
+from apps.cluster.services import RegistrationError, host_register
 from apps.core.schema import ErrorSerializer
-from apps.jobs.selectors import jobs_to_stop_on_host
-from apps.jobs.services import jobs_missing_on_host
 from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue, valid_address
+
+__all__ = ["AgentView", "GpuRecordSerializer", "RegisterView", "RegistrationSerializer"]
 
 
 class GpuRecordSerializer(serializers.Serializer):
@@ -44,18 +43,6 @@ class RegistrationSerializer(serializers.Serializer):
         return value
 
 
-class HeartbeatSerializer(serializers.Serializer):
-    running = serializers.ListField(
-        child=serializers.ListField(child=serializers.IntegerField(min_value=0), min_length=2, max_length=2),
-        required=False, default=list, max_length=1024, help_text="[job id, attempt] pairs the agent runs",
-    )
-
-
-class AgentView(APIView):
-    authentication_classes = [HostTokenAuthentication]
-    permission_classes = [IsHostAgent]
-
-
 class RegisterView(AgentView):
     @extend_schema(request=RegistrationSerializer, responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request) -> Response:
@@ -67,19 +54,3 @@ class RegisterView(AgentView):
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response({"host": host.name, "queue": host_queue(host.name), "state": host.state,
                          "protocol": PROTOCOL_VERSION, "heartbeat_interval_s": HEARTBEAT_INTERVAL_S})
-
-
-class HeartbeatView(AgentView):
-    @extend_schema(request=HeartbeatSerializer, responses={200: OpenApiTypes.OBJECT})
-    def post(self, request: Request) -> Response:
-        form = HeartbeatSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        host = request.auth
-        came_back = host_heartbeat(host)
-        if came_back:
-            from apps.telemetry.alerts import check_hosts
-
-            check_hosts([], [host])
-        running = [(job_id, attempt) for job_id, attempt in form.validated_data["running"]]
-        jobs_missing_on_host(host, running)
-        return Response({"stop": jobs_to_stop_on_host(host, running), "came_back": came_back})

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import permissions
+from rest_framework.views import APIView
 
 from apps.cluster.models import Host
 from apps.cluster.services import host_authenticate
@@ -37,6 +38,13 @@ class HostTokenAuthentication(KeywordTokenAuthentication):
 class IsHostAgent(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         return isinstance(request.auth, Host)
+
+
+class AgentView(APIView):
+    """The base of every endpoint a host's agent calls (registration, heartbeats, job reports, telemetry)."""
+
+    authentication_classes = [HostTokenAuthentication]
+    permission_classes = [IsHostAgent]
 
 
 class HostTokenScheme(OpenApiAuthenticationExtension):

@@ -46,8 +46,8 @@ from apps.jobs import selectors as job_selectors
 from apps.jobs import services as job_services
 from apps.jobs.errors import JobPermissionError, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation
+from apps.jobs.usage import team_usage
 from apps.quotas.models import QuotaRequest
-from apps.quotas.selectors import team_usage
 from apps.quotas.services import QuotaRequestError, quota_ensure, quota_request_create, quota_request_decide
 from apps.serving import services as serving_services
 from apps.serving.models import InferenceService

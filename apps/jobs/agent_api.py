@@ -8,7 +8,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.cluster.agent_api import AgentView
+from apps.cluster.authentication import AgentView
 from apps.core.schema import ErrorSerializer
 from apps.jobs import services
 from workers.protocol import JobStatus

@@ -4,15 +4,21 @@ A job never sees its host's token (the agent hands it an allow-listed environmen
 token of its own, signed by the console and sent inside the dispatch (the broker, which jobs cannot read): it names
 the job and the attempt, and it is honoured only while that attempt is the job's current one and the job runs. A
 requeued job's next attempt gets a new token; the old one stops working with the attempt.
+
+An inference replica's secret is derived the same way, per job and attempt (`replica_secret`, see
+apps.serving.replica_auth): it travels in the dispatch, and the serving app computes it again to call the replica.
 """
 
 from __future__ import annotations
 
 from django.core import signing
+from django.utils.crypto import salted_hmac
 
 from apps.jobs.models import Job
 
 SALT = "console.jobs.attempt-token"
+# The salt it had in apps.serving.replica_auth, where it was first defined: secrets of running replicas still verify.
+REPLICA_SECRET_SALT = "apps.serving.replica-secret"
 
 
 def _signer() -> signing.Signer:
@@ -34,3 +40,8 @@ def attempt_from_token(token: str) -> Job | None:
         return None
     return (Job.objects.select_related("team", "user")
             .filter(pk=claim["job"], attempts=claim["attempt"], state=Job.State.RUNNING).first())
+
+
+def replica_secret(job_id: int, attempt: int) -> str:
+    """HMAC of the job id and attempt under SECRET_KEY: no row holds it, and each attempt gets a new one."""
+    return salted_hmac(REPLICA_SECRET_SALT, f"{int(job_id)}:{int(attempt)}", algorithm="sha256").hexdigest()

@@ -7,21 +7,31 @@ request for a scheduler pass (after commit).
 
 A preempted job is entered as such and requeued in the same transaction (`preempt_and_requeue`): `preempted`
 shows in the job's events between the run it ended and the queue it went back to.
+
+Below the mechanism, the services that end or stop a job: start, finish, cancel (a user), release and preempt (by
+policy), and a lost host's jobs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
+from apps.cluster.models import Host
+from apps.core.models import AuditEvent
+from apps.core.services import audit_record
+from apps.jobs.dispatch import job_hosts, send_preempt_after_commit, send_stop_after_commit
+from apps.jobs.errors import JobPermissionError, JobStateError
 from apps.jobs.models import Job, JobAllocation, JobEvent, UsageSegment
+from apps.jobs.selectors import can_cancel
 
 logger = logging.getLogger(__name__)
 State = Job.State
@@ -137,3 +147,129 @@ def request_scheduler_pass() -> None:
             logger.warning("could not enqueue a scheduler pass; the periodic pass will pick the job up", exc_info=True)
 
     transaction.on_commit(enqueue)
+
+
+# --- the services that end or stop a job
+
+
+def job_mark_running(job_id: int, *, reason: str = "process started") -> bool:
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None:
+            return False
+        now = timezone.now()
+        return transition(job, State.RUNNING, reason, at=now, started_at=now)
+
+
+def job_finish(
+    job_id: int, *, succeeded: bool, exit_code: int | None, reason: str, data: dict[str, Any] | None = None
+) -> bool:
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None:
+            return False
+        now = timezone.now()
+        to_state = State.SUCCEEDED if succeeded else State.FAILED
+        return transition(
+            job,
+            to_state,
+            reason,
+            data=data,
+            at=now,
+            exit_code=exit_code,
+            finished_at=now,
+            failure_reason="" if succeeded else reason[:500],
+        )
+
+
+def job_cancel(
+    *, job: Job, actor: AbstractBaseUser, reason: str = "", request: HttpRequest | None = None
+) -> Job:
+    if not can_cancel(actor, job):
+        raise JobPermissionError("You may not cancel this job.")
+    with transaction.atomic():
+        locked = lock_job(job.pk)
+        if locked is None or locked.state not in ACTIVE_STATES:
+            raise JobStateError(f"Job {job.pk} is already {locked.state if locked else 'gone'}.")
+        hosts = job_hosts(locked) if locked.state in Job.HOLDING_STATES else []
+        now = timezone.now()
+        text = f"cancelled by {actor.get_username()}" + (f": {reason}" if reason else "")
+        transition(locked, State.CANCELLED, text, actor=actor, at=now, finished_at=now)
+        if hosts:
+            send_stop_after_commit(locked.pk, locked.attempts, hosts, "cancelled")
+        if actor.pk != locked.user_id:
+            audit_record(
+                AuditEvent.Action.JOB_CANCELLED_BY_OTHER,
+                actor=actor,
+                target=f"job {locked.pk} of {locked.user.get_username()}",
+                request=request,
+                team=locked.team.slug,
+            )
+    return locked
+
+
+def finish(job: Job, to_state: str, reason: str, now: datetime, *, exit_code: int | None,
+           data: dict[str, Any] | None = None) -> None:
+    """End a job that holds GPUs (its GPUs are released with the transition)."""
+    transition(job, to_state, reason, data=data, at=now, exit_code=exit_code, finished_at=now,
+               failure_reason="" if to_state == State.SUCCEEDED else reason[:500])
+
+
+def job_host_lost(job_id: int, host: Host, reason: str = "") -> str | None:
+    """A host holding this job stopped answering: requeue the job if its retries allow, else fail it."""
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.state not in Job.HOLDING_STATES:
+            return None
+        now = timezone.now()
+        hosts = job_hosts(job)
+        retry = job.attempts  # attempts counts placements; the first run is not a retry
+        why = reason or f"{host.name} stopped sending heartbeats"
+        if retry <= job.max_retries:
+            requeue(job, f"host lost: {why}; requeued, retry {retry} of {job.max_retries}", at=now)
+            outcome = State.QUEUED
+        else:
+            finish(job, State.FAILED, f"host lost: {why}", now, exit_code=None)
+            outcome = State.FAILED
+        others = [name for name in hosts if name != host.name]
+        if others:
+            send_stop_after_commit(job.pk, job.attempts, others, f"host {host.name} of the job was lost")
+        return outcome
+
+
+def job_preempt(job_id: int, reason: str) -> bool:
+    """Stop a job to free its GPUs: it checkpoints, exits and goes back to the queue, keeping its place in line.
+
+    A running job keeps its GPUs until its agent reports that it stopped (the checkpoint is written by then); a
+    placed job that has not started is requeued at once.
+    """
+
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.state not in Job.HOLDING_STATES:
+            return False
+        now = timezone.now()
+        if job.preempt_requested_at and now - job.preempt_requested_at < timedelta(seconds=60):
+            return False  # already asked; the agent is checkpointing
+        hosts = job_hosts(job)
+        if job.state == State.PLACED:
+            preempt_and_requeue(job, f"preempted before it started: {reason}", at=now)
+        else:
+            Job.objects.filter(pk=job.pk).update(preempt_requested_at=now)
+            note(job, f"preemption requested: {reason}")
+        send_preempt_after_commit(job.pk, job.attempts, hosts, reason)
+        return True
+
+
+def job_release(job_id: int, reason: str) -> bool:
+    """Stop a job by policy (no user acts): it gets SIGTERM, so the runtime checkpoints, and ends cancelled."""
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.state not in ACTIVE_STATES:
+            return False
+        now = timezone.now()
+        hosts = job_hosts(job) if job.state in Job.HOLDING_STATES else []
+        transition(job, State.CANCELLED, reason, at=now, finished_at=now)
+        if hosts:
+            send_stop_after_commit(job.pk, job.attempts, hosts, reason)
+        return True

@@ -1,7 +1,30 @@
 from django.contrib import admin, messages
 
+from apps.accounts.admin import MembershipInline, TeamAdmin
+from apps.accounts.models import Team
 from apps.quotas.models import QuotaRequest, TeamQuota, UserQuota
 from apps.quotas.services import QuotaRequestError, quota_audit_changes, quota_request_decide, quota_snapshot
+
+
+class TeamQuotaInline(admin.StackedInline):
+    model = TeamQuota
+    can_delete = False
+
+
+class UserQuotaInline(admin.TabularInline):
+    model = UserQuota
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+# The team's page shows its quotas: the accounts app cannot name them (quotas sit above it), so it is registered
+# again here with them.
+admin.site.unregister(Team)
+
+
+@admin.register(Team)
+class TeamWithQuotasAdmin(TeamAdmin):
+    inlines = [TeamQuotaInline, UserQuotaInline, MembershipInline]
 
 
 @admin.register(TeamQuota)

@@ -8,8 +8,8 @@ from rest_framework.views import APIView
 
 from apps.accounts.api import visible_team
 from apps.accounts.selectors import is_admin
-from apps.quotas import selectors, services
-from apps.quotas.serializers import TeamQuotaSerializer, TeamUsageSerializer
+from apps.quotas import services
+from apps.quotas.serializers import TeamQuotaSerializer
 
 
 class TeamQuotaView(APIView):
@@ -38,12 +38,3 @@ class TeamQuotaView(APIView):
     @extend_schema(request=TeamQuotaSerializer, responses=TeamQuotaSerializer)
     def patch(self, request: Request, slug: str) -> Response:
         return self._write(request, slug, partial=True)
-
-
-class TeamUsageView(APIView):
-    """GPUs the team holds now, GPU-hours used this month and the budget left."""
-
-    @extend_schema(responses=TeamUsageSerializer)
-    def get(self, request: Request, slug: str) -> Response:
-        team = visible_team(request, slug)
-        return Response(TeamUsageSerializer(selectors.team_usage(team)).data)

@@ -20,13 +20,3 @@ class TeamQuotaSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer)
         fields = ["team", "max_gpus", "gpu_hours_per_month", "max_priority", "allowed_gpu_types", "may_borrow",
                   "share", "updated_at"]
         read_only_fields = ["team", "updated_at"]
-
-
-class TeamUsageSerializer(serializers.Serializer):
-    team = serializers.CharField()
-    gpus_held = serializers.FloatField(help_text="fractions of shared GPUs counted exactly")
-    max_gpus = serializers.IntegerField()
-    gpu_hours_this_month = serializers.FloatField()
-    gpu_hours_budget = serializers.FloatField(help_text="0 means unlimited")
-    gpu_hours_left = serializers.FloatField(allow_null=True, help_text="null means unlimited")
-    period_start = serializers.DateTimeField()

@@ -23,7 +23,7 @@ def quota_lock(team: Team) -> TeamQuota:
     """Lock the team's quota row for the rest of the transaction (serialises quota checks per team)."""
     try:
         return TeamQuota.objects.select_for_update().get(team=team)
-    except TeamQuota.DoesNotExist:  # a team made without its quota row (every team gets one at creation)
+    except TeamQuota.DoesNotExist:  # the team has no quota row yet: it is created on first use
         quota_ensure(team)
         return TeamQuota.objects.select_for_update().get(team=team)
 

@@ -1,7 +1,7 @@
 """What the console needs to reach an inference replica, and nothing else: its secret and its URL.
 
 The secret is derived, not stored: HMAC of the job id and attempt under SECRET_KEY (Django's salted_hmac, with a
-salt of its own). So there is no row for a job or an API to read it from, no migration, every attempt of a replica
+salt of its own), computed in apps.jobs.attempt_tokens, which the dispatch uses too. So there is no row for a job or an API to read it from, no migration, every attempt of a replica
 gets a new one (a secret seen by an earlier attempt's host does not open the next one), and the dispatch, the
 reconciler and the gateway all compute the same value without sharing anything but the settings.
 
@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import ipaddress
 
-from django.utils.crypto import salted_hmac
-
+from apps.jobs.attempt_tokens import REPLICA_SECRET_SALT as SALT
+from apps.jobs.attempt_tokens import replica_secret
 from workers.protocol import REPLICA_SECRET_HEADER, valid_address
 
-SALT = "apps.serving.replica-secret"
-
-
-def replica_secret(job_id: int, attempt: int) -> str:
-    return salted_hmac(SALT, f"{int(job_id)}:{int(attempt)}", algorithm="sha256").hexdigest()
+__all__ = ["SALT", "replica_headers", "replica_secret", "replica_url"]
 
 
 def replica_headers(job_id: int, attempt: int) -> dict[str, str]:

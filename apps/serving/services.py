@@ -2,7 +2,8 @@
 
 A replica is an ordinary inference job (so quotas, priorities, borrowing and preemption apply to it) whose process
 is the replica server `workers.runtime.serve`. The reconciler (Celery beat, every few seconds) restarts replicas
-that ended, polls each ready replica's /stats, publishes the ready endpoints for the gateway, and autoscales.
+that ended, polls each ready replica's /stats, publishes the ready endpoints for the gateway, and autoscales;
+apps.operations.inference runs it with the services' alert rules watching.
 A replica is only ever called at its placement host's registered address and the port it reported, with its
 secret (apps.serving.replica_auth).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -211,7 +213,15 @@ def replica_target(job: Job) -> dict[str, Any] | None:
     return target
 
 
-def reconcile(service: InferenceService, now: float | None = None) -> dict[str, Any]:
+# What a reconcile pass hands its observer (the service's alert rules, in apps.operations.inference): the service,
+# its replicas' summary and the time.
+Observer = Callable[[InferenceService, dict[str, Any], float], None]
+
+
+def reconcile(service: InferenceService, now: float | None = None, *, observe: Observer | None = None
+              ) -> dict[str, Any]:
+    """Bring the service to its desired replicas, scaled on what its replicas report; `observe` sees the
+    summary before the scaling decision."""
     now = now or time.time()
     live: list[ServiceReplica] = []
     active = JobAllocation.objects.filter(released_at__isnull=True).select_related("gpu__host")
@@ -232,9 +242,8 @@ def reconcile(service: InferenceService, now: float | None = None) -> dict[str, 
             ready.append(target)
             stats.append(polled)
     summary = _summarize(stats, len(live), len(ready))
-    from apps.telemetry.alerts import evaluate_service
-
-    evaluate_service(service, summary, now)
+    if observe is not None:
+        observe(service, summary, now)
     desired, reason = autoscale_decision(service, summary, now)
     with transaction.atomic():
         if desired != service.desired_replicas:
@@ -304,12 +313,12 @@ def autoscale_decision(service: InferenceService, summary: dict[str, Any], now: 
     return current, "steady"
 
 
-def reconcile_all() -> int:
+def reconcile_all(*, observe: Observer | None = None) -> int:
     count = 0
     for service in InferenceService.objects.filter(state=InferenceService.State.ACTIVE).select_related("team",
                                                                                                       "owner"):
         try:
-            reconcile(service)
+            reconcile(service, observe=observe)
             count += 1
         except Exception:  # noqa: BLE001 - one broken service must not stop the others
             logger.exception("reconciling service %s failed", service)

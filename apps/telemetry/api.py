@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.api import IsSiteAdmin
-from apps.cluster.agent_api import AgentView
+from apps.cluster.authentication import AgentView
 from apps.core.schema import ErrorSerializer
 from apps.telemetry import alerts, selectors, services, tickets
 from apps.telemetry.models import Alert, AlertRule

@@ -7,10 +7,10 @@ from rest_framework.test import APIClient
 
 from apps.cluster.models import GPU, Host
 from apps.cluster.services import host_token_issue
-from apps.jobs import services
 from apps.jobs.models import Job, JobLogChunk
 from apps.jobs.scheduler import scheduler_pass
 from apps.jobs.services import JobSpec, job_submit
+from apps.operations.liveness import jobs_on_lost_hosts
 from workers.protocol import PROTOCOL_VERSION
 
 
@@ -166,7 +166,7 @@ def test_lost_host_requeues_within_retries_then_fails(world, host_a):
     once = submit(world.member)
     scheduler_pass()
     Host.objects.filter(name="sim-a").update(last_heartbeat=timezone.now() - timedelta(seconds=31))
-    outcomes = dict(services.jobs_on_lost_hosts())
+    outcomes = dict(jobs_on_lost_hosts())
     assert outcomes == {retried.pk: "queued", once.pk: "failed"}
     retried.refresh_from_db()
     once.refresh_from_db()
@@ -179,7 +179,7 @@ def test_lost_host_requeues_within_retries_then_fails(world, host_a):
     retried.refresh_from_db()
     assert retried.state == "placed" and retried.attempts == 2
     Host.objects.filter(name="sim-a").update(last_heartbeat=timezone.now() - timedelta(seconds=31))
-    assert dict(services.jobs_on_lost_hosts()) == {retried.pk: "failed"}
+    assert dict(jobs_on_lost_hosts()) == {retried.pk: "failed"}
 
 
 def test_a_running_job_the_agent_no_longer_lists_is_requeued_or_failed(world, host_a):

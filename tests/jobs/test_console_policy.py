@@ -9,7 +9,7 @@ from apps.jobs import services
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.scheduler import build_snapshot, scheduler_pass, similarity_key
 from apps.jobs.services import JobSpec, job_submit
-from apps.quotas.selectors import gpus_held
+from apps.jobs.usage import gpus_held
 from workers.protocol import JobStatus
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from django.test import Client
 from rest_framework.test import APIClient
 
-from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.jobs.scheduler import scheduler_pass
 from apps.jobs.services import JobSpec, job_submit
+from apps.operations.reapers import ledger_check
 from apps.telemetry.models import Alert
 from tests.conftest import train_spec
 
@@ -45,11 +45,11 @@ def test_ledger_check_repairs_drift_and_alerts(world):
     other = job_submit(user=world.member, spec=JobSpec(name="b", kind="train", gpus=2, team="vision",
                                                        workload={"builtin": "mlp-digits"}))
     scheduler_pass()
-    assert services.ledger_reconcile() == {"stray_allocations": 0, "open_segments": 0, "jobs_without_gpus": 0}
+    assert ledger_check() == {"stray_allocations": 0, "open_segments": 0, "jobs_without_gpus": 0}
     # A crash left a finished job's rows open, and another job lost an allocation row.
     Job.objects.filter(pk=job.pk).update(state="succeeded")
     JobAllocation.objects.filter(job=other).first().delete()
-    found = services.ledger_reconcile()
+    found = ledger_check()
     assert found == {"stray_allocations": 2, "open_segments": 1, "jobs_without_gpus": 1}
     assert not JobAllocation.objects.filter(released_at__isnull=True).exists()
     assert not UsageSegment.objects.filter(ended_at__isnull=True).exists()
@@ -76,7 +76,7 @@ def test_pages_answer_503_when_the_database_is_down(world, monkeypatch):
 def test_hosts_are_not_declared_lost_right_after_the_console_itself_was_down(world, monkeypatch):
     from django.core.cache import cache
 
-    from apps.jobs import services
+    from apps.operations import liveness as services
 
     clock = [1_000_000.0]
     monkeypatch.setattr(services.time, "time", lambda: clock[0])

@@ -10,8 +10,8 @@ from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.jobs.scheduler import scheduler_pass
 from apps.jobs.services import JobSpec, job_submit
+from apps.jobs.usage import team_usage
 from apps.quotas.models import TeamQuota
-from apps.quotas.selectors import team_usage
 
 
 def submit(user, gpus: int, team: str = "vision", priority: str = "normal", gpu_type: str | None = None) -> Job:

@@ -15,8 +15,8 @@ import pytest
 from apps.dashboard.reports import usage_report
 from apps.jobs.models import Job, UsageSegment
 from apps.jobs.scheduler import build_snapshot, policy_config
+from apps.jobs.usage import budget_exhausted, gpu_seconds_between, team_usage
 from apps.quotas.models import TeamQuota
-from apps.quotas.selectors import budget_exhausted, gpu_seconds_between, team_usage
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.simulation import Simulator
 from apps.scheduling.trace import TraceJob, build_hosts

@@ -1,4 +1,7 @@
-"""Usage is derived from job records (the ledger of GPU-seconds per job run), never from a counter."""
+"""A team's usage, derived from job records (the ledger of GPU-seconds per job run), never from a counter.
+
+It lives with the jobs it reads (it moved from apps.quotas.selectors, which may not import jobs).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from apps.accounts.models import Team
+from apps.jobs.models import Job, UsageSegment
 from apps.quotas.models import TeamQuota
 from apps.scheduling.usage import segment_gpu_seconds, segment_seconds
 
@@ -23,10 +27,6 @@ def units_held(team: Team, user=None, *, guaranteed_only: bool = False) -> int:
 
     `guaranteed_only` leaves out capacity borrowed beyond the quota.
     """
-    from django.db.models import F
-
-    from apps.jobs.models import Job
-
     jobs = Job.objects.filter(team=team, state__in=Job.HOLDING_STATES)
     if user is not None:
         jobs = jobs.filter(user=user)
@@ -42,8 +42,6 @@ def gpus_held(team: Team, user=None, *, guaranteed_only: bool = False) -> float:
 
 def gpu_seconds_between(team: Team, start: datetime, end: datetime) -> float:
     """The team's GPU-seconds inside [start, end) (a fraction counts its share; open segments run to `end`)."""
-    from apps.jobs.models import UsageSegment
-
     total = 0.0
     window = start.timestamp(), end.timestamp()
     segments = UsageSegment.objects.filter(team=team, started_at__lt=end).exclude(ended_at__lte=start)

@@ -1,0 +1,188 @@
+"""What agents report about the jobs they run (status, log output, progress, the jobs they still run), applied."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.cluster.models import Host
+from apps.jobs.dispatch import job_hosts, send_stop_after_commit
+from apps.jobs.lifecycle import finish, job_host_lost, lock_job, preempt_and_requeue, transition
+from apps.jobs.models import Job, JobAllocation, JobLogChunk
+from workers.protocol import JobStatus
+
+State = Job.State
+
+
+RUNTIME_INFO_KEYS = ("isolation", "isolation_uid", "isolation_note", "gpu_share", "gpu_memory_limit_mb", "limits")
+
+
+class AgentReportError(Exception):
+    """A report that does not apply: the job is not on this host, or the report is from an older attempt."""
+
+
+def _job_for_host(job_id: int, host: Host, attempt: int) -> Job:
+    """The job, locked, if `host` runs its current attempt `attempt`: only the hosts that hold its GPUs now may
+    report on it (a host that ran an earlier attempt, or was never given the job, may not)."""
+    job = lock_job(job_id)
+    if job is None:
+        raise AgentReportError(f"job {job_id} does not run on host {host.name}")
+    if attempt != job.attempts:
+        raise AgentReportError(f"report for attempt {attempt}, but job {job_id} is at attempt {job.attempts}")
+    if not JobAllocation.objects.filter(job=job, gpu__host=host, released_at__isnull=True).exists():
+        raise AgentReportError(f"job {job_id} attempt {attempt} does not run on host {host.name}")
+    return job
+
+
+def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Job, bool]:
+    """Apply what an agent reports about its part of a job. Returns the job and whether the report counted.
+
+    A "running" report is the agent's claim to start its node of the attempt: only the first claim per node
+    counts, so a redelivered dispatch message starts nothing. Repeated final reports are no-ops.
+    """
+    with transaction.atomic():
+        job = _job_for_host(job_id, host, status.attempt)
+        now = timezone.now()
+        if job.state not in Job.HOLDING_STATES:
+            return job, False  # cancelled, requeued or finished meanwhile: nothing to do
+        results = dict(job.node_results)
+        node = str(status.node_rank)
+        if status.state == "running":
+            if node in results:
+                return job, False
+            results[node] = {"state": "running", "host": host.name}
+            fields: dict[str, Any] = {"node_results": results}
+            reported = {key: status.details[key] for key in RUNTIME_INFO_KEYS if key in status.details}
+            if "limits" in reported:
+                reported["limits"] = _reported_limits(reported["limits"])
+            if isinstance(reported.get("isolation_note"), str):
+                reported["isolation_note"] = reported["isolation_note"][:500]
+            if reported:
+                fields["runtime_info"] = {**job.runtime_info, **reported}
+            Job.objects.filter(pk=job.pk).update(**fields)
+            if job.state == State.PLACED:
+                transition(job, State.RUNNING, f"process started on {host.name}", at=now, started_at=now,
+                           data=status.details)
+            return job, True
+        if results.get(node, {}).get("state") not in (None, "running"):
+            return job, False
+        results[node] = {"state": status.state, "exit_code": status.exit_code, "reason": status.reason,
+                         "host": host.name}
+        Job.objects.filter(pk=job.pk).update(node_results=results)
+        if status.state == "preempted":
+            preempt_and_requeue(job, f"preempted on {host.name}: {status.reason or 'checkpoint saved'}", at=now)
+        elif status.state == "failed":
+            hosts = job_hosts(job)
+            reason = status.reason or f"exited with code {status.exit_code}"
+            if len(hosts) > 1:
+                reason = f"{reason} (on {host.name})"
+            finish(job, State.FAILED, reason, now, exit_code=status.exit_code, data=status.details)
+            others = [name for name in hosts if name != host.name]
+            if others:
+                send_stop_after_commit(job.pk, job.attempts, others, "another node of the job failed")
+        elif status.state == "succeeded":
+            nodes = len(job_hosts(job))
+            done = sum(1 for r in results.values() if r["state"] == "succeeded")
+            if done >= nodes:
+                finish(job, State.SUCCEEDED, status.reason or "exited with code 0", now, exit_code=0,
+                        data=status.details)
+        return job, True
+
+
+_LIMIT_KEYS = {"applied": bool, "reason": str, "cgroup": str, "cpus": (int, float), "memory_gb": (int, float),
+               "pids": int, "devices": str}
+
+
+def _reported_limits(value: Any) -> dict[str, Any] | None:
+    """What the host says of a job's cgroup limits (runtime_info.limits): the known keys, scalar values only."""
+    if not isinstance(value, dict):
+        return None
+    return {key: (item[:300] if isinstance(item, str) else item) for key, item in value.items()
+            if key in _LIMIT_KEYS and (item is None or isinstance(item, _LIMIT_KEYS[key]))}
+
+
+def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
+    """Append output to the job's log, capped at JOBS_LOG_MAX_CHARS. Returns the log's size."""
+
+    limit = settings.JOBS_LOG_MAX_CHARS
+    with transaction.atomic():
+        job = _job_for_host(job_id, host, attempt)
+        if job.log_truncated or not data:
+            return job.log_size
+        data = data.replace("\x00", "\ufffd")
+        room = limit - job.log_size
+        truncated = len(data) > room
+        if truncated:
+            data = data[:max(room, 0)] + f"\n[log truncated at {limit} characters; the job keeps running]\n"
+        JobLogChunk.objects.create(job=job, offset=job.log_size, data=data)
+        size = job.log_size + len(data)
+        Job.objects.filter(pk=job.pk).update(log_size=size, log_truncated=truncated)
+        return size
+
+
+def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
+    with transaction.atomic():
+        job = _job_for_host(job_id, host, attempt)
+        if progress.get("type") == "serving":
+            port = progress.get("port")
+            # Only the port comes from the job; the address is the reporting host's registered one. The
+            # serving reconciler builds the URL it calls again from the placement's host and this port.
+            if type(port) is int and 0 < port < 65536:
+                address = host.address or host.name
+                Job.objects.filter(pk=job.pk).update(
+                    runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{port}", "port": port,
+                                  "attempt": attempt})
+            return
+        _record_training_progress(job, progress)
+
+
+def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
+    """Progress a running job reports itself, with its attempt token (the job API)."""
+    with transaction.atomic():
+        locked = lock_job(job.pk)
+        if locked is not None and locked.state == State.RUNNING and locked.attempts == job.attempts:
+            _record_training_progress(locked, progress)
+
+
+def _record_training_progress(job: Job, progress: dict[str, Any]) -> None:
+    fields: dict[str, Any] = {}
+    if isinstance(progress.get("step"), int) and progress["step"] >= 0:
+        fields["steps_done"] = progress["step"]
+        fields["progress_at"] = timezone.now()
+    for source, target in [("steps_per_s", "steps_per_second"), ("samples_per_s", "samples_per_second"),
+                           ("loss", "last_loss")]:
+        value = progress.get(source)
+        if isinstance(value, int | float) and value == value and abs(value) < 1e30:
+            fields[target] = float(value)
+    if fields:
+        Job.objects.filter(pk=job.pk).update(**fields)
+
+
+def jobs_missing_on_host(host: Host, running: list[tuple[int, int]], *, grace_s: float = 20.0) -> list[int]:
+    """Jobs the console believes run on `host` that its agent no longer lists (say, the agent restarted).
+
+    Each is requeued or failed like a job on a lost host. A node that already reported its end is not missing.
+    """
+
+    listed = set(running)
+    cutoff = timezone.now() - timedelta(seconds=grace_s)
+    candidates = (
+        Job.objects.filter(state=State.RUNNING, started_at__lt=cutoff, allocations__gpu__host=host,
+                           allocations__released_at__isnull=True)
+        .distinct()
+        .values_list("pk", "attempts", "node_results")
+    )
+    missing = []
+    for job_id, attempt, results in candidates:
+        if (job_id, attempt) in listed:
+            continue
+        mine = [r for r in results.values() if r.get("host") == host.name]
+        if any(r.get("state") != "running" for r in mine):
+            continue  # this host's node finished and reported; other nodes still run
+        if job_host_lost(job_id, host, reason=f"its process is gone: the agent on {host.name} no longer runs it"):
+            missing.append(job_id)
+    return missing
