@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from apps.accounts.access import AccessDenied
+
 
 class JobSpecError(Exception):
     """A job spec that can never run or is malformed: field -> message(s). The API answers 400."""
@@ -9,7 +11,7 @@ class JobSpecError(Exception):
         self.errors = errors
 
 
-class JobPermissionError(Exception):
+class JobPermissionError(AccessDenied):
     """The user may see the job or team but not do this to it. The API answers 403."""
 
 
