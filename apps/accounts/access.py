@@ -224,10 +224,11 @@ MESSAGES: dict[Action, str] = {
 }
 
 
-def require(user: AnyUser | None, action: Action, obj: Model | None = None, message: str | None = None) -> None:
-    """Raise AccessDenied unless `can(user, action, obj)`."""
+def require(user: AnyUser | None, action: Action, obj: Model | None = None, message: str | None = None,
+            error: type[AccessDenied] = AccessDenied) -> None:
+    """Raise `error` (an AccessDenied) unless `can(user, action, obj)`."""
     if not can(user, action, obj):
-        raise AccessDenied(message or MESSAGES.get(action, "You may not do this."))
+        raise error(message or MESSAGES.get(action, "You may not do this."))
 
 
 # --- live streams
@@ -250,11 +251,13 @@ class Viewer:
     def sees_cluster(self) -> bool:
         return self.is_admin or bool(self.teams)
 
+    def sees_team(self, team: str | None) -> bool:
+        """May this viewer see what belongs to `team` (a job, its queue)? Never what belongs to no team."""
+        return self.is_admin or (team is not None and team in self.teams)
+
     def sees(self, team: str | None) -> bool:
         """Is this viewer in the audience of a live event about `team` (None: a cluster-wide event)?"""
-        if team is None:
-            return self.sees_cluster
-        return self.is_admin or team in self.teams
+        return self.sees_cluster if team is None else self.sees_team(team)
 
 
 NOBODY = Viewer(user_id=None, is_admin=False, teams=frozenset())
@@ -282,11 +285,11 @@ def visible_gpu(gpu: dict[str, Any], viewer: Viewer) -> dict[str, Any]:
     if viewer.is_admin:
         return sample
     jobs = gpu.get("jobs", [])
-    mine = [j for j in jobs if viewer.sees(j["team"])]
+    mine = [j for j in jobs if viewer.sees_team(j["team"])]
     if len(mine) != len(jobs):
         sample["jobs"] = mine
         sample["other_team"] = True
-    if gpu.get("team") is not None and not viewer.sees(gpu["team"]):
+    if gpu.get("team") is not None and not viewer.sees_team(gpu["team"]):
         first = mine[0] if mine else None
         sample["job"] = first["job"] if first else None
         sample["team"] = first["team"] if first else None
@@ -296,4 +299,4 @@ def visible_gpu(gpu: dict[str, Any], viewer: Viewer) -> dict[str, Any]:
 
 def visible_queue(queue: dict[str, int], viewer: Viewer) -> dict[str, int]:
     """Queued jobs per team, of the teams this viewer sees."""
-    return {team: n for team, n in queue.items() if viewer.sees(team)}
+    return {team: n for team, n in queue.items() if viewer.sees_team(team)}

@@ -17,5 +17,5 @@ def service_for_gateway(user_id: int, team: str, name: str) -> InferenceService 
     user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
     if user is None:
         return None
-    return services_visible_to(user).filter(team__slug=team, name=name,
-                                            state=InferenceService.State.ACTIVE).first()
+    active = InferenceService.objects.filter(team__slug=team, name=name, state=InferenceService.State.ACTIVE)
+    return access.restrict(active.select_related("team", "owner"), user, access.Action.VIEW).first()
