@@ -199,3 +199,13 @@ def test_users_and_tokens(world):
     users = get_user_model().objects.all()
     assert list(access.restrict(users, world.member)) == [world.member]
     assert access.restrict(users, world.admin).count() == users.count()
+
+
+def test_role_may_is_what_can_decides_for_a_role():
+    from apps.accounts.models import Role
+
+    assert access.role_may(Role.MEMBER, Action.SUBMIT) and not access.role_may(Role.VIEWER, Action.SUBMIT)
+    assert not access.role_may(Role.MEMBER, Action.SUBMIT_HIGH) and access.role_may("manager", Action.SUBMIT_HIGH)
+    assert not access.role_may(Role.MANAGER, Action.SUBMIT_URGENT) and access.role_may(None, Action.SUBMIT_URGENT,
+                                                                                          admin=True)
+    assert not access.role_may(None, Action.VIEW)
