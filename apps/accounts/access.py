@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -113,10 +113,10 @@ def scope_of(model: type[Model] | Model) -> Scope | None:
 
 
 def is_admin(user: AnyUser | None) -> bool:
-    return bool(user is not None and user.is_authenticated and user.is_active and user.is_staff)
+    return _active(user) and bool(getattr(user, "is_staff", False))
 
 
-def _active(user: AnyUser | None) -> bool:
+def _active(user: AnyUser | None) -> TypeGuard[AbstractBaseUser]:
     return bool(user is not None and user.is_authenticated and user.is_active)
 
 
@@ -152,14 +152,15 @@ def restrict(queryset: QuerySet, user: AnyUser | None, action: Action = Action.V
     scope = scope_of(queryset.model)
     if scope is None or not _active(user):
         return queryset.none()
+    owner = scope.owner or "pk"
     if scope.private:
-        return queryset.filter(**{scope.owner: user.pk})
+        return queryset.filter(**{owner: user.pk})
     if is_admin(user):
         return queryset
     if scope.admin_only:
         return queryset.none()
     if scope.owner_only:
-        return queryset.filter(**{scope.owner: user.pk}) if action == Action.VIEW else queryset.none()
+        return queryset.filter(**{owner: user.pk}) if action == Action.VIEW else queryset.none()
     minimum = NEEDS[action]
     allowed = Q(pk__in=[])
     if scope.team is not None and minimum is not None:
@@ -188,14 +189,15 @@ def can(user: AnyUser | None, action: Action, obj: Model | None = None) -> bool:
     scope = scope_of(obj) if obj is not None else Scope(admin_only=True)
     if scope is None:
         return False
+    owner = scope.owner or "pk"
     if scope.private:
-        return _value(obj, scope.owner) == user.pk
+        return _value(obj, owner) == user.pk
     if is_admin(user):
         return True
     if scope.admin_only:
         return False
     if scope.owner_only:
-        return action == Action.VIEW and _value(obj, scope.owner) == user.pk
+        return action == Action.VIEW and _value(obj, owner) == user.pk
     team_id = _value(obj, scope.team) if scope.team is not None else None
     if team_id is None:  # cluster-wide
         return action == Action.VIEW and _in_some_team(user)
