@@ -6,6 +6,8 @@ Services raise these; the API maps them once (`apps.core.api.exception_handler`)
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
+
 
 class DomainError(Exception):
     """An action that cannot be done as asked. `status` is the HTTP answer; the message is for the user."""
@@ -21,8 +23,8 @@ class InvalidInput(DomainError):
         self.errors = errors
 
 
-class NotAllowed(DomainError):
-    """The user may see the object but not do this to it."""
+class NotAllowed(DomainError, PermissionDenied):
+    """The user may see the object but not do this to it (Django's and DRF's PermissionDenied too: 403)."""
 
     status = 403
 

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
-from apps.core.errors import InvalidInput, NotAllowed, RateLimited, WrongState
+from apps.accounts.access import AccessDenied
+from apps.core.errors import InvalidInput, RateLimited, WrongState
 
 
 class JobSpecError(InvalidInput):
     """A job spec that can never run or is malformed: field -> message(s). The API answers 400."""
 
 
-class JobPermissionError(NotAllowed):
+class JobPermissionError(AccessDenied):
     """The user may see the job or team but not do this to it. The API answers 403."""
 
 
