@@ -20,8 +20,13 @@ from apps.core.errors import DomainError, InvalidInput, NotAllowed
 
 
 def form_refusal(form: forms.Form, exc: DomainError) -> None:
+    """A form whose fields are not the service's (the job form's workload) maps them in `add_spec_errors`."""
     if not isinstance(exc, InvalidInput):
         form.add_error(None, str(exc))
+        return
+    add_spec_errors = getattr(form, "add_spec_errors", None)
+    if add_spec_errors is not None:
+        add_spec_errors(exc.errors)
         return
     for field, problems in exc.errors.items():
         for problem in problems if isinstance(problems, list | tuple) else [problems]:

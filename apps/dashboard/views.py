@@ -18,9 +18,11 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts import access
 from apps.accounts import services as account_services
-from apps.accounts.access import AccessDenied, Action
+from apps.accounts.access import Action
 from apps.accounts.models import ApiToken, Membership, Role, Team
+from apps.core.errors import DomainError, InvalidInput
 from apps.dashboard import reports
+from apps.dashboard.errors import form_refusal
 from apps.dashboard.forms import (
     CancelForm,
     DecisionForm,
@@ -38,11 +40,10 @@ from apps.dashboard.selectors import alerts_visible_to, cluster_overview
 from apps.dashboard.services import alert_acknowledge
 from apps.jobs import selectors as job_selectors
 from apps.jobs import services as job_services
-from apps.jobs.errors import JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation
 from apps.quotas.models import QuotaRequest
 from apps.quotas.selectors import team_usage
-from apps.quotas.services import QuotaRequestError, quota_ensure, quota_request_create, quota_request_decide
+from apps.quotas.services import quota_ensure, quota_request_create, quota_request_decide
 from apps.serving import services as serving_services
 from apps.serving.models import InferenceService
 from apps.telemetry.models import Alert, GpuSampleBucket
@@ -119,10 +120,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             job = job_services.job_submit(user=request.user, spec=form.spec(), request=request)
-        except JobSpecError as exc:
-            form.add_spec_errors(exc.errors)
-        except AccessDenied as exc:
-            form.add_error(None, str(exc))
+        except DomainError as exc:
+            form_refusal(form, exc)
         else:
             messages.success(request, f"Job {job.pk} submitted.")
             return redirect("dashboard:job-detail", job_id=job.pk)
@@ -206,14 +205,8 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _visible_job(request, job_id)
     form = CancelForm(request.POST)
     reason = form.cleaned_data["reason"] if form.is_valid() else ""
-    try:
-        job_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)
-    except AccessDenied as exc:
-        return HttpResponseForbidden(str(exc))
-    except JobStateError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Job {job.pk} cancelled.")
+    job_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)  # refusals: errors.py
+    messages.success(request, f"Job {job.pk} cancelled.")
     return redirect("dashboard:job-detail", job_id=job.pk)
 
 
@@ -239,10 +232,8 @@ def service_list(request: HttpRequest) -> HttpResponse:
             try:
                 service = serving_services.service_create(
                     user=request.user, spec=serving_services.ServiceSpec(team=team, **form.spec_fields()))
-            except JobSpecError as exc:
-                form.add_spec_errors(exc.errors)
-            except AccessDenied as exc:
-                form.add_error(None, str(exc))
+            except DomainError as exc:
+                form_refusal(form, exc)
             else:
                 messages.success(request, f"Service {service} created with {service.desired_replicas} replica(s).")
                 return redirect("dashboard:service-detail", service_id=service.pk)
@@ -299,10 +290,8 @@ def service_scale(request: HttpRequest, service_id: int) -> HttpResponse:
         try:
             service = serving_services.service_scale(service=service, user=request.user,
                                                      changes=dict(form.cleaned_data))
-        except JobSpecError as exc:
-            form.add_spec_errors(exc.errors)
-        except AccessDenied as exc:
-            return HttpResponseForbidden(str(exc))
+        except InvalidInput as exc:  # not allowed: a 403 (errors.py)
+            form_refusal(form, exc)
         else:
             messages.success(request, f"Service {service} now scales between {service.min_replicas} and "
                                       f"{service.max_replicas} replicas.")
@@ -314,10 +303,7 @@ def service_scale(request: HttpRequest, service_id: int) -> HttpResponse:
 @require_POST
 def service_delete(request: HttpRequest, service_id: int) -> HttpResponse:
     service = _visible_service(request, service_id)
-    try:
-        serving_services.service_delete(service=service, user=request.user)
-    except AccessDenied as exc:
-        return HttpResponseForbidden(str(exc))
+    serving_services.service_delete(service=service, user=request.user)
     messages.success(request, f"Service {service} deleted; its replicas are stopping.")
     return redirect("dashboard:services")
 
@@ -438,8 +424,8 @@ def quota_request_new(request: HttpRequest, slug: str) -> HttpResponse:
         quota_request_create(team=team, requested_by=request.user, reason=form.cleaned_data["reason"],
                              max_gpus=form.cleaned_data.get("max_gpus"),
                              gpu_hours_per_month=form.cleaned_data.get("gpu_hours_per_month"), request=request)
-    except QuotaRequestError as exc:
-        form.add_error(None, str(exc))
+    except DomainError as exc:
+        form_refusal(form, exc)
         return _team_page(request, slug, request_form=form)
     messages.success(request, "Quota request sent to the site admins.")
     return redirect("dashboard:team-detail", slug=slug)
@@ -456,13 +442,9 @@ def quota_request_decision(request: HttpRequest, slug: str, request_id: int) -> 
     if not form.is_valid():
         messages.error(request, "Choose approve or reject.")
         return redirect("dashboard:team-detail", slug=slug)
-    try:
-        quota_request_decide(quota_request=quota_request, approve=form.cleaned_data["decision"] == "approve",
-                             actor=request.user, note=form.cleaned_data["note"], request=request)
-    except QuotaRequestError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Quota request {request_id} {form.cleaned_data['decision']}d.")
+    quota_request_decide(quota_request=quota_request, approve=form.cleaned_data["decision"] == "approve",
+                         actor=request.user, note=form.cleaned_data["note"], request=request)  # refusals: errors.py
+    messages.success(request, f"Quota request {request_id} {form.cleaned_data['decision']}d.")
     return redirect("dashboard:team-detail", slug=slug)
 
 
@@ -518,10 +500,7 @@ def alert_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
     alert = get_object_or_404(alerts_visible_to(request.user), pk=alert_id)
-    try:
-        changed = alert_acknowledge(alert=alert, actor=request.user)
-    except AccessDenied as exc:
-        return HttpResponseForbidden(str(exc))
+    changed = alert_acknowledge(alert=alert, actor=request.user)  # not allowed: a 403 (errors.py)
     if changed:
         messages.success(request, f"Alert {alert.pk} acknowledged.")
     else:

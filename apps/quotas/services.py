@@ -8,6 +8,7 @@ from django.http import HttpRequest
 
 from apps.accounts import access
 from apps.accounts.models import Team
+from apps.core.errors import DomainError
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from apps.quotas.models import QuotaRequest, TeamQuota
@@ -70,12 +71,18 @@ def _plain(value: Any) -> Any:
 # --- quota requests
 
 
-class QuotaRequestError(Exception):
+class QuotaRequestError(DomainError):
     """The request does not apply: nothing asked for, already decided, or the actor may not decide it."""
+
+
+class QuotaRequestDecided(QuotaRequestError):
+    status = 409
 
 
 class QuotaRequestDenied(QuotaRequestError, access.AccessDenied):
     """The actor may not ask for (or decide) this team's quota."""
+
+    status = 403
 
 
 def quota_request_create(
@@ -121,7 +128,7 @@ def quota_request_decide(
     with transaction.atomic():
         locked = QuotaRequest.objects.select_for_update().select_related("team").get(pk=quota_request.pk)
         if locked.state != QuotaRequest.State.PENDING:
-            raise QuotaRequestError(f"Quota request {locked.pk} is already {locked.state}.")
+            raise QuotaRequestDecided(f"Quota request {locked.pk} is already {locked.state}.")
         if approve:
             changes: dict[str, Any] = {}
             if locked.max_gpus is not None:
