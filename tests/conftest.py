@@ -7,6 +7,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Role, Team
 from apps.cluster.models import GPU
+from tests import fault_table
 from tests.factories import HostFactory, MembershipFactory, TeamFactory, UserFactory, add_gpus
 
 
@@ -74,3 +75,18 @@ def fake_s3(monkeypatch):
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket="artifacts")
         yield boto3.client("s3")
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its fault rows go to the controller
+        workeroutput["fault_rows"] = list(fault_table.ROWS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    fault_table.ROWS.extend(tuple(row) for row in getattr(node, "workeroutput", {}).get("fault_rows", []))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    fault_table.print_table(terminalreporter)
