@@ -26,6 +26,7 @@ from apps.scheduling.policy import schedule  # noqa: E402
 from apps.scheduling.simulate import POLICY_NAMES, simulate  # noqa: E402
 from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
 from apps.scheduling.trace import load_trace  # noqa: E402
+from apps.scheduling.usage import segment_gpu_seconds  # noqa: E402
 
 RAW_FILE = "published_raw_fig9-10_from_draw_fig9-10.py.txt"
 RAW_TRACE_INDEX = {"trace1": 0, "trace3": 4, "trace4": 6}
@@ -98,7 +99,8 @@ def run_traces(traces_dir: Path, traces: list[str], runtime_model: str, preempt_
                 f"{costly.mean_queueing_delay_h:>9.1f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
             )
         singles = [j for j in jobs if j.gpus == 1]
-        single_share = sum(j.duration_s for j in singles) / sum(j.gpus * j.duration_s for j in jobs)
+        gpu_s = {j.job_id: segment_gpu_seconds(j.gpus, None, j.duration_s) for j in jobs}
+        single_share = sum(gpu_s[j.job_id] for j in singles) / sum(gpu_s.values())
         print(
             f"  console-share: 1-GPU jobs share GPUs (up to 2 each) under the round interference model "
             f"(apps/scheduling/interference.py); they are {len(singles)} of {len(jobs)} jobs and "

@@ -7,9 +7,13 @@ agent API (HTTP, authenticated by its host token) with registration, heartbeats,
 from __future__ import annotations
 
 import ipaddress
+import json
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
 HOST_QUEUE_PREFIX = "host."
@@ -206,3 +210,337 @@ class JobStatus:
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def running(cls, attempt: int, details: RunningDetails, *, node_rank: int = 0) -> JobStatus:
+        return cls("running", attempt, node_rank=node_rank, details=details.to_details())
+
+    def running_details(self) -> RunningDetails:
+        """The details of a "running" report, as far as they are usable."""
+        return RunningDetails.from_details(self.details)
+
+
+# --- the job's environment: what the agent hands a job process, and what the runtime reads back -----------
+
+ENV_JOB_ID = "CONSOLE_JOB_ID"
+ENV_ATTEMPT = "CONSOLE_ATTEMPT"
+ENV_PRESET = "CONSOLE_PRESET"
+ENV_MAX_STEPS = "CONSOLE_MAX_STEPS"
+ENV_PROGRESS_FILE = "CONSOLE_PROGRESS_FILE"
+ENV_CHECKPOINT_DIR = "CONSOLE_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY = "CONSOLE_CHECKPOINT_EVERY"
+ENV_OUTPUT_DIR = "CONSOLE_OUTPUT_DIR"
+ENV_MODEL_PATH = "CONSOLE_MODEL_PATH"
+ENV_DEVICE = "CONSOLE_DEVICE"
+# The attempt's credential and the console's job API (GET ./, POST progress/, GET/PUT artifacts/<path>).
+ENV_JOB_TOKEN = "CONSOLE_JOB_TOKEN"
+ENV_API_URL = "CONSOLE_API_URL"
+# A fractional job's GPU memory (MiB) and its part of the GPU's memory, for PyTorch's allocator cap.
+ENV_GPU_MEMORY_LIMIT_MB = "CONSOLE_GPU_MEMORY_LIMIT_MB"
+ENV_GPU_MEMORY_FRACTION = "CONSOLE_GPU_MEMORY_FRACTION"
+ENV_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# Every variable of a JobEnvironment: the agent drops inherited ones (--pass-env) before setting its own.
+JOB_ENV_VARIABLES = (ENV_JOB_ID, ENV_ATTEMPT, ENV_PRESET, ENV_MAX_STEPS, ENV_PROGRESS_FILE, ENV_CHECKPOINT_DIR,
+                     ENV_CHECKPOINT_EVERY, ENV_OUTPUT_DIR, ENV_MODEL_PATH, ENV_DEVICE, ENV_JOB_TOKEN, ENV_API_URL,
+                     REPLICA_SECRET_ENV, ENV_GPU_MEMORY_LIMIT_MB, ENV_GPU_MEMORY_FRACTION, ENV_VISIBLE_DEVICES)
+# Where the agent puts the progress file, in the job's own folder.
+PROGRESS_FILE_NAME = "progress.jsonl"
+# The job API's path under the console's URL.
+JOB_API_PATH = "/api/v1/job/"
+
+
+class EnvError(ProtocolError):
+    """A CONSOLE_* variable holds a value the runtime cannot use."""
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise EnvError(f"{name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise EnvError(f"{name} must not be negative, got {value}")
+    return value
+
+
+def _env_path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "").strip()
+    return Path(raw) if raw else None
+
+
+def _env_fraction(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EnvError(f"{name} must be a number in (0, 1], got {raw!r}") from None
+    if not 0 < value <= 1:
+        raise EnvError(f"{name} must be in (0, 1], got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """Every variable the agent sets for a job (and a user may set for a local run): one encoding each way.
+
+    Unset or empty variables are None (or ""); `to_env()` leaves them out, so `from_env(to_env(e)) == e`.
+    """
+
+    job_id: str = ""
+    attempt: int | None = None
+    preset: str = ""
+    max_steps: int | None = None
+    progress_file: Path | None = None
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int | None = None
+    output_dir: Path | None = None
+    model_path: Path | None = None
+    device: str = ""  # "cpu", "cuda", "cuda:1"...; "" picks cuda when available
+    # CUDA_VISIBLE_DEVICES as given (indices, or UUIDs in a user's own run); None: unset, every GPU visible.
+    visible_devices: tuple[str, ...] | None = None
+    api_url: str = ""
+    job_token: str = field(default="", repr=False)
+    replica_secret: str = field(default="", repr=False)
+    gpu_memory_limit_mb: int | None = None
+    gpu_memory_fraction: float | None = None
+
+    def to_env(self) -> dict[str, str]:
+        values: dict[str, str | int | float | Path | None] = {
+            ENV_JOB_ID: self.job_id, ENV_ATTEMPT: self.attempt, ENV_PRESET: self.preset,
+            ENV_MAX_STEPS: self.max_steps, ENV_PROGRESS_FILE: self.progress_file,
+            ENV_CHECKPOINT_DIR: self.checkpoint_dir, ENV_CHECKPOINT_EVERY: self.checkpoint_every,
+            ENV_OUTPUT_DIR: self.output_dir, ENV_MODEL_PATH: self.model_path, ENV_DEVICE: self.device,
+            ENV_API_URL: self.api_url, ENV_JOB_TOKEN: self.job_token, REPLICA_SECRET_ENV: self.replica_secret,
+            ENV_GPU_MEMORY_LIMIT_MB: self.gpu_memory_limit_mb, ENV_GPU_MEMORY_FRACTION: self.gpu_memory_fraction,
+        }
+        env = {name: str(value) for name, value in values.items() if value is not None and value != ""}
+        if self.visible_devices is not None:
+            env[ENV_VISIBLE_DEVICES] = ",".join(self.visible_devices)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobEnvironment:
+        """Raises EnvError for a value the runtime cannot use (a step count that is not a number...)."""
+        devices = env.get(ENV_VISIBLE_DEVICES)
+        return cls(
+            job_id=env.get(ENV_JOB_ID, "").strip(),
+            attempt=_env_int(env, ENV_ATTEMPT),
+            preset=env.get(ENV_PRESET, "").strip(),
+            max_steps=_env_int(env, ENV_MAX_STEPS),
+            progress_file=_env_path(env, ENV_PROGRESS_FILE),
+            checkpoint_dir=_env_path(env, ENV_CHECKPOINT_DIR),
+            checkpoint_every=_env_int(env, ENV_CHECKPOINT_EVERY),
+            output_dir=_env_path(env, ENV_OUTPUT_DIR),
+            model_path=_env_path(env, ENV_MODEL_PATH),
+            device=env.get(ENV_DEVICE, "").strip(),
+            visible_devices=None if devices is None else tuple(d.strip() for d in devices.split(",") if d.strip()),
+            api_url=env.get(ENV_API_URL, "").strip(),
+            job_token=env.get(ENV_JOB_TOKEN, "").strip(),
+            replica_secret=env.get(REPLICA_SECRET_ENV, ""),
+            gpu_memory_limit_mb=_env_int(env, ENV_GPU_MEMORY_LIMIT_MB),
+            gpu_memory_fraction=_env_fraction(env, ENV_GPU_MEMORY_FRACTION),
+        )
+
+
+def job_api_url(console_url: str) -> str:
+    return f"{console_url.rstrip('/')}{JOB_API_PATH}"
+
+
+# --- progress records: the JSON lines a job appends to its progress file ---------------------------------
+
+# A number the console stores (a loss, a rate): finite and of a sane size, else dropped.
+_MAX_NUMBER = 1e30
+# A progress line longer than this is no record of ours (the agent skips it unread).
+MAX_PROGRESS_LINE = 64 * 1024
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and abs(number) < _MAX_NUMBER else None
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def _text(value: Any, limit: int = 300) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "ts", ...}."""
+
+    TYPE: ClassVar[str] = "progress"
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    epoch: int | None = None
+    ts: float | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **{k: v for k, v in asdict(self).items() if v is not None}}
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> TrainingProgress:
+        """The usable fields of a record; a wrong-typed or out-of-range field is dropped, never trusted."""
+        rates = {key: _number(message.get(key)) for key in ("steps_per_s", "samples_per_s")}
+        return cls(step=_count(message.get("step")), max_steps=_count(message.get("max_steps")),
+                   loss=_number(message.get("loss")),
+                   **{key: value if value is None or value >= 0 else None for key, value in rates.items()},
+                   epoch=_count(message.get("epoch")), ts=_number(message.get("ts")))
+
+
+@dataclass(frozen=True)
+class ServingProgress:
+    """{"type": "serving", "port": ..., "host", "workload", "preset", "batching", "ts"}: a replica listens."""
+
+    TYPE: ClassVar[str] = "serving"
+    port: int
+    host: str = ""
+    workload: str = ""
+    preset: str = ""
+    batching: bool = True
+    ts: float | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **{k: v for k, v in asdict(self).items() if v is not None}}
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> ServingProgress:
+        port = message.get("port")
+        if type(port) is not int or not 0 < port < 65536:
+            raise ProtocolError(f"a serving record needs a port in 1..65535, not {port!r}")
+        return cls(port=port, host=_text(message.get("host")), workload=_text(message.get("workload")),
+                   preset=_text(message.get("preset")), batching=message.get("batching") is not False,
+                   ts=_number(message.get("ts")))
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """{"type": "checkpoint", "path": ..., "step": ..., "ts"}: a checkpoint was saved."""
+
+    TYPE: ClassVar[str] = "checkpoint"
+    path: str
+    step: int
+    ts: float | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **{k: v for k, v in asdict(self).items() if v is not None}}
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> CheckpointRecord:
+        step = _count(message.get("step"))
+        if not isinstance(message.get("path"), str) or step is None:
+            raise ProtocolError("a checkpoint record needs a path and a step")
+        return cls(path=message["path"], step=step, ts=_number(message.get("ts")))
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """{"type": "result", ...metrics}: the job's final metrics (free-form JSON values)."""
+
+    TYPE: ClassVar[str] = "result"
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def to_message(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **self.metrics}
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> ResultRecord:
+        return cls({str(k): v for k, v in message.items() if k != "type"})
+
+
+ProgressRecord = TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord
+PROGRESS_RECORDS: dict[str, type[TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord]] = {
+    record.TYPE: record for record in (TrainingProgress, ServingProgress, CheckpointRecord, ResultRecord)}
+# The records the agent forwards to the console (the newest of each kind); the rest stay in the file.
+FORWARDED_RECORDS = (TrainingProgress.TYPE, ServingProgress.TYPE)
+
+
+def decode_progress_message(message: Any) -> ProgressRecord | None:
+    """A progress record from its JSON object; None for anything else (another type, a malformed record)."""
+    if not isinstance(message, dict):
+        return None
+    name = message.get("type")
+    kind = PROGRESS_RECORDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        return None
+    try:
+        return kind.from_message(message)
+    except (ProtocolError, TypeError, ValueError):
+        return None
+
+
+def decode_progress(line: str | bytes) -> ProgressRecord | None:
+    """One line of a progress file. The job writes the file: a garbled, oversized or hostile line is None."""
+    if len(line) > MAX_PROGRESS_LINE:
+        return None
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return decode_progress_message(message)
+
+
+# --- what an agent reports with "running" --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunningDetails:
+    """The details of a "running" JobStatus: where the attempt runs, how it is isolated and limited.
+
+    The console keeps them as the job's runtime_info; `from_details` takes only what it can use of a report.
+    """
+
+    host: str = ""
+    isolation: JobIsolation | None = None
+    gpu_share: str = ""  # how a fractional job's share is held: "mps", "allocator-cap+watch", "watch"
+    gpu_memory_limit_mb: int | None = None
+    limits: dict[str, Any] | None = None  # the job's cgroup limits (workers/agent/cgroups.py, describe())
+
+    LIMIT_KEYS: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "applied": bool, "reason": str, "cgroup": str, "cpus": (int, float), "memory_gb": (int, float),
+        "pids": int, "devices": str}
+
+    def to_details(self) -> dict[str, Any]:
+        details: dict[str, Any] = {"host": self.host}
+        if self.isolation is not None:
+            details.update(self.isolation.to_details())
+        if self.gpu_share:
+            details.update(gpu_share=self.gpu_share, gpu_memory_limit_mb=self.gpu_memory_limit_mb)
+        if self.limits is not None:
+            details["limits"] = self.limits
+        return details
+
+    @classmethod
+    def from_details(cls, details: Mapping[str, Any]) -> RunningDetails:
+        limit = details.get("gpu_memory_limit_mb")
+        return cls(host=_text(details.get("host"), 253), isolation=JobIsolation.from_details(dict(details)),
+                   gpu_share=_text(details.get("gpu_share"), 40),
+                   gpu_memory_limit_mb=_count(limit),
+                   limits=cls._limits(details.get("limits")))
+
+    @classmethod
+    def _limits(cls, value: Any) -> dict[str, Any] | None:
+        """The known keys of a cgroup-limits report, scalar values only (strings cut at 300 characters)."""
+        if not isinstance(value, dict):
+            return None
+        return {key: (item[:300] if isinstance(item, str) else item) for key, item in value.items()
+                if key in cls.LIMIT_KEYS and (item is None or isinstance(item, cls.LIMIT_KEYS[key]))}
+
+    def runtime_info(self) -> dict[str, Any]:
+        """What the console shows of the attempt (runtime_info): the isolation note cut to 500 characters."""
+        info = self.to_details()
+        info.pop("host")
+        if "isolation_note" in info:
+            info["isolation_note"] = info["isolation_note"][:500]
+        return info

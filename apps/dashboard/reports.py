@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.jobs.models import JobAllocation, UsageSegment
+from apps.scheduling.usage import segment_gpu_seconds, segment_seconds
 from apps.telemetry.models import JobGpuStats
 
 
@@ -115,12 +116,12 @@ def usage_report(
     for job_id, gpu_type in JobAllocation.objects.filter(job_id__in=job_ids).values_list("job_id", "gpu__gpu_type"):
         placed_types.setdefault(job_id, gpu_type)
     jobs: dict[int, Row] = {}
+    window = start.timestamp(), end.timestamp()
     for job_id, name, wanted_type, team, user, gpus, share_units, seg_start, seg_end in segments:
-        begin, finish = max(seg_start, start), min(seg_end or now, end)
-        seconds = (finish - begin).total_seconds()
+        seconds = segment_seconds(seg_start.timestamp(), (seg_end or now).timestamp(), *window)
         if seconds <= 0:
             continue
-        hours = gpus * share_units / 100 * seconds / 3600.0  # a shared GPU counts by share
+        hours = segment_gpu_seconds(gpus, share_units, seconds) / 3600.0  # a shared GPU counts by share
         gpu_type = placed_types.get(job_id) or wanted_type
         row = jobs.setdefault(job_id, Row(team=team, user=user, job_id=job_id, job_name=name, gpu_type=gpu_type,
                                           utilization_mean=stats.get(job_id)))

@@ -7,6 +7,7 @@ from django.db.models import Q
 from apps.accounts.models import Team
 from apps.cluster.models import GPU
 from apps.quotas.models import Priority
+from apps.scheduling.usage import segment_gpu_seconds
 
 # The largest max_steps a job may ask for: what its PositiveIntegerField holds on every database (PostgreSQL's
 # integer), so a bigger one is a 400, never a database error.
@@ -156,7 +157,7 @@ class UsageSegment(models.Model):
     def gpu_seconds(self) -> float | None:
         if self.ended_at is None:
             return None
-        return self.gpus * self.share_units / 100 * (self.ended_at - self.started_at).total_seconds()
+        return segment_gpu_seconds(self.gpus, self.share_units, (self.ended_at - self.started_at).total_seconds())
 
 
 class JobEvent(models.Model):

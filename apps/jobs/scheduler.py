@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import PurePosixPath
 
 from django.conf import settings
-from django.db.models import F, Prefetch, Q
+from django.db.models import Prefetch, Q
 from django.utils import timezone
 
 from apps.cluster.models import GPU, Host
 from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation, UsageSegment
+from apps.jobs.scheduling_rows import HOLDING_FIELDS, JOB_FIELDS, epoch, host_view, job_common
 from apps.quotas.models import TeamQuota, UserQuota
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory
-from apps.scheduling.types import GpuView, HostView, PendingJob, Priority, RunningJob, Snapshot, TeamQuotaView
+from apps.scheduling.similarity import similarity_key
+from apps.scheduling.types import PendingJob, RunningJob, Snapshot, TeamQuotaView
+from apps.scheduling.usage import decayed_gpu_seconds, segment_gpu_seconds
 
 logger = logging.getLogger(__name__)
 HISTORY_DAYS = 30
@@ -32,35 +33,17 @@ def policy_config() -> PolicyConfig:
     return PolicyConfig(**settings.SCHEDULER)
 
 
-def _epoch(value: datetime | None) -> float | None:
-    return value.timestamp() if value else None
-
-
-def similarity_key(workload: dict) -> str:
-    """Jobs that are "the same program" for run-time prediction: a built-in, or the script a command runs."""
-    if "builtin" in workload:
-        return f"builtin:{workload['builtin']}"
-    argv = workload.get("command") or [""]
-    names = [PurePosixPath(arg).name for arg in argv[:2]]
-    script = next((name for name in names if name.endswith(".py")), names[0])
-    return f"command:{script}"
-
-
-def _decayed(gpus: int, start: float, end: float, now: float, half_life: float) -> float:
-    """GPU-seconds of one usage segment, each second weighted 2^-(age / half-life) as Slurm's fair share does."""
-    rate = math.log(2) / half_life
-    return gpus * (math.exp(-rate * (now - end)) - math.exp(-rate * (now - start))) / rate
-
-
 def _recent_usage(now: float, half_life: float) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Decayed GPU-seconds of the last 4 half-lives by team and by user (a fraction counts its share)."""
     since = datetime.fromtimestamp(now - 4 * half_life, tz=UTC)
     teams: dict[str, float] = defaultdict(float)
     users: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     rows = UsageSegment.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=since)).values_list(
-        "team__slug", "user__username", "gpus", "started_at", "ended_at"
+        "team__slug", "user__username", "gpus", "share_units", "started_at", "ended_at"
     )
-    for team, user, gpus, started, ended in rows:
-        usage = _decayed(gpus, max(started.timestamp(), since.timestamp()), _epoch(ended) or now, now, half_life)
+    for team, user, gpus, units, started, ended in rows:
+        start = max(started.timestamp(), since.timestamp())
+        usage = decayed_gpu_seconds(gpus, units, start, epoch(ended) or now, now, half_life)
         teams[team] += usage
         users[team][user] += usage
     return teams, users
@@ -87,47 +70,24 @@ def _attained_before_current_run(now: float) -> dict[int, float]:
     """GPU-seconds of each active job's earlier runs (segments that ended; the open one is the current run)."""
     attained: dict[int, float] = defaultdict(float)
     closed = UsageSegment.objects.filter(ended_at__isnull=False, job__state__in=(*Job.HOLDING_STATES, Job.State.QUEUED))
-    for job_id, gpus, started, ended in closed.values_list("job_id", "gpus", "started_at", "ended_at"):
-        attained[job_id] += gpus * (ended - started).total_seconds()
+    rows = closed.values_list("job_id", "gpus", "share_units", "started_at", "ended_at")
+    for job_id, gpus, units, started, ended in rows:
+        attained[job_id] += segment_gpu_seconds(gpus, units, (ended - started).total_seconds())
     return attained
-
-
-# What the policy needs of each active job, read as plain rows: a pass reads the whole queue every second, and
-# building model instances (with their team and user) for 2,000 queued jobs cost 200 ms a pass.
-_JOB_FIELDS = {
-    "job_id": F("pk"), "team_slug": F("team__slug"), "username": F("user__username"), "gpus_": F("gpus"),
-    "priority_": F("priority"), "gpu_type_": F("gpu_type"), "max_steps_": F("max_steps"),
-    "steps_done_": F("steps_done"), "steps_per_second_": F("steps_per_second"),
-    "time_limit_minutes_": F("time_limit_minutes"), "preemption_count_": F("preemption_count"),
-    "workload_": F("workload"), "gpu_share_units_": F("gpu_share_units"), "gpu_memory_mb_": F("gpu_memory_mb"),
-    "created_at_": F("created_at"),
-}
-_HOLDING_FIELDS = {
-    "started_at_": F("started_at"), "placed_at_": F("placed_at"), "borrowing_": F("borrowing"),
-    "progress_at_": F("progress_at"),
-}
 
 
 def build_snapshot(now: float | None = None, config: PolicyConfig | None = None) -> Snapshot:
     now = now if now is not None else time.time()
     config = config or policy_config()
     hosts = tuple(
-        HostView(
-            name=host.name,
-            schedulable=host.state == Host.State.UP,
-            gpus=tuple(
-                GpuView(gpu_id=gpu.pk, index=gpu.index, gpu_type=gpu.gpu_type, schedulable=gpu.health == GPU.Health.OK,
-                        memory_mb=gpu.memory_mb)
-                for gpu in host.gpus.all()
-            ),
-        )
+        host_view(host, list(host.gpus.all()))
         for host in Host.objects.prefetch_related(Prefetch("gpus", queryset=GPU.objects.order_by("index")))
     )
     # A job already asked to stop is left out: its GPUs count as free, so the policy does not pick further
     # victims for the same need; placements on them wait (job_place re-checks) until the agent releases them.
     holding = list(Job.objects.filter(state__in=Job.HOLDING_STATES, preempt_requested_at__isnull=True)
-                   .values(**_JOB_FIELDS, **_HOLDING_FIELDS))
-    queued = Job.objects.filter(state=Job.State.QUEUED).values(**_JOB_FIELDS)
+                   .values(**JOB_FIELDS, **HOLDING_FIELDS))
+    queued = Job.objects.filter(state=Job.State.QUEUED).values(**JOB_FIELDS)
     gpu_ids: dict[int, list[int]] = defaultdict(list)
     for job_id, gpu_id in JobAllocation.objects.filter(released_at__isnull=True).order_by("id").values_list(
             "job_id", "gpu_id"):
@@ -135,33 +95,15 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None)
     attained = _attained_before_current_run(now)
 
     def common(job: dict) -> dict:
-        return {
-            "job_id": job["job_id"],
-            "team": job["team_slug"],
-            "user": job["username"],
-            "gpus": job["gpus_"],
-            "priority": Priority.from_name(job["priority_"]),
-            "gpu_type": job["gpu_type_"] or None,
-            "attained_gpu_seconds": attained.get(job["job_id"], 0.0),
-            "declared_steps": job["max_steps_"],
-            "steps_done": job["steps_done_"],
-            "observed_step_s": 1.0 / job["steps_per_second_"] if job["steps_per_second_"] else None,
-            "time_limit_s": job["time_limit_minutes_"] * 60.0,
-            "preemption_count": job["preemption_count_"],
-            "similarity_key": similarity_key(job["workload_"]),
-            "preemptible": job["priority_"] != "urgent",
-            "gpu_share": job["gpu_share_units_"] / 100,
-            "gpu_memory_mb": job["gpu_memory_mb_"],
-            "submitted_at": _epoch(job["created_at_"]) or now,
-        }
+        return job_common(job, attained.get(job["job_id"], 0.0), now)
 
     running = tuple(
         RunningJob(
             **common(job),
             gpu_ids=tuple(gpu_ids[job["job_id"]]),
-            started_at=_epoch(job["started_at_"] or job["placed_at_"]) or now,
+            started_at=epoch(job["started_at_"] or job["placed_at_"]) or now,
             borrowing=job["borrowing_"],
-            steps_reported_at=_epoch(job["progress_at_"]),
+            steps_reported_at=epoch(job["progress_at_"]),
         )
         for job in holding
     )

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from apps.accounts.models import Team
 from apps.quotas.models import TeamQuota
+from apps.scheduling.usage import segment_gpu_seconds, segment_seconds
 
 
 def month_start(now: datetime) -> datetime:
@@ -40,14 +41,15 @@ def gpus_held(team: Team, user=None, *, guaranteed_only: bool = False) -> float:
 
 
 def gpu_seconds_between(team: Team, start: datetime, end: datetime) -> float:
+    """The team's GPU-seconds inside [start, end) (a fraction counts its share; open segments run to `end`)."""
     from apps.jobs.models import UsageSegment
 
     total = 0.0
+    window = start.timestamp(), end.timestamp()
     segments = UsageSegment.objects.filter(team=team, started_at__lt=end).exclude(ended_at__lte=start)
     for gpus, share, seg_start, seg_end in segments.values_list("gpus", "share_units", "started_at", "ended_at"):
-        overlap = (min(seg_end or end, end) - max(seg_start, start)).total_seconds()
-        if overlap > 0:
-            total += gpus * share / 100 * overlap
+        seconds = segment_seconds(seg_start.timestamp(), seg_end.timestamp() if seg_end else None, *window)
+        total += segment_gpu_seconds(gpus, share, seconds)
     return total
 
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from apps.scheduling.placement import FreeGpus, choose_gpus
-from apps.scheduling.sharing import job_share
 from apps.scheduling.types import (
     Decisions,
     PendingInfo,
@@ -22,18 +21,13 @@ from apps.scheduling.types import (
     RunningJob,
     Snapshot,
 )
+from apps.scheduling.usage import attained_gpu_seconds, gpus_held, job_share_units
 
 # job id -> (true remaining seconds, true total seconds) at the snapshot's time
 Oracle = Callable[[int], tuple[float, float]]
 AnyJob = PendingJob | RunningJob
 
 TIRESIAS_THRESHOLDS_GPU_S = (3250.0, 7200.0, 18000.0)
-
-
-def attained_gpu_s(job: AnyJob, now: float) -> float:
-    if isinstance(job, RunningJob):
-        return job.attained_gpu_seconds + max(0.0, now - job.started_at) * job.gpus * job_share(job)
-    return job.attained_gpu_seconds
 
 
 def admit_preemptive(snapshot: Snapshot, ordered: Sequence[AnyJob], consolidate: bool, why: str) -> Decisions:
@@ -112,7 +106,8 @@ class OracleShortest:
             remaining, _ = self.oracle(job.job_id)
             return (remaining * (job.gpus if self.by_service else 1), job.submitted_at, job.job_id)
 
-        ordered = sorted((*snapshot.running, *snapshot.pending), key=key)
+        jobs: list[AnyJob] = [*snapshot.running, *snapshot.pending]
+        ordered = sorted(jobs, key=key)
         why = "preempted for a job with less remaining " + ("service" if self.by_service else "time")
         return admit_preemptive(snapshot, ordered, self.consolidate, why)
 
@@ -154,7 +149,7 @@ class Tiresias2DLAS:
         for stale in [job_id for job_id in self._seq if job_id not in live]:
             del self._seq[stale], self._queue[stale]
         for job in sorted(jobs, key=lambda j: (j.submitted_at, j.job_id)):
-            queue = self._queue_of(attained_gpu_s(job, now))
+            queue = self._queue_of(attained_gpu_seconds(job, now))
             if self._queue.get(job.job_id) != queue:
                 self._queue[job.job_id] = queue
                 self._append(job.job_id)
@@ -171,12 +166,12 @@ class Tiresias2DLAS:
         stopped = {p.job_id for p in decisions.preemptions}
         placed = {p.job_id for p in decisions.placements}
         soonest: float | None = None
-        running = [j for j in snapshot.running if j.job_id not in stopped]
+        running: list[AnyJob] = [j for j in snapshot.running if j.job_id not in stopped]
         running += [j for j in snapshot.pending if j.job_id in placed]
         for job in running:
-            attained = attained_gpu_s(job, now)
+            attained = attained_gpu_seconds(job, now)
             later = [limit for limit in self.thresholds if limit > attained]
             if later:
-                at = now + (later[0] - attained) / job.gpus
+                at = now + (later[0] - attained) / gpus_held(job.gpus, job_share_units(job))
                 soonest = at if soonest is None else min(soonest, at)
         return soonest

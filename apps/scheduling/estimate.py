@@ -21,9 +21,9 @@ def estimate_starts(
     queue: list[QueuedDemand],
 ) -> dict[int, float | None]:
     heaps: dict[str, list[tuple[float, int]]] = {t: [] for t in capacity_by_type}
-    for at, gpu_type, gpus in releases:
-        if gpu_type in heaps:
-            heaps[gpu_type].append((at, gpus))
+    for at, released_type, gpus in releases:
+        if released_type in heaps:
+            heaps[released_type].append((at, gpus))
     for heap in heaps.values():
         heapq.heapify(heap)
     available = {t: free_by_type.get(t, 0) for t in capacity_by_type}

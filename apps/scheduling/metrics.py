@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from apps.scheduling.simulation import SimResult
+from apps.scheduling.simulation import JobState, SimResult
 
 HOUR = 3600.0
 
@@ -44,11 +44,13 @@ class Summary:
 
 
 def summarize(result: SimResult) -> Summary:
-    done = [s for s in result.jobs if s.finish is not None]
-    jcts = [s.finish - s.trace.submit_s for s in done]  # type: ignore[operator]
+    # (job, finish, first start) of the jobs that finished (a finished job has started)
+    runs = [(s, s.finish, s.first_start) for s in result.jobs if s.finish is not None and s.first_start is not None]
+    done = [s for s, _, _ in runs]
+    jcts = [finish - s.trace.submit_s for s, finish, _ in runs]
     first_submit = min(s.trace.submit_s for s in result.jobs)
-    makespan = max(s.finish for s in done) - first_submit  # type: ignore[type-var]
-    delays = [s.first_start - s.trace.submit_s for s in done]  # type: ignore[operator]
+    makespan = max(finish for _, finish, _ in runs) - first_submit
+    delays = [start - s.trace.submit_s for s, _, start in runs]
     teams = _team_figures(result, done)
     return Summary(
         policy=result.policy,
@@ -67,7 +69,7 @@ def summarize(result: SimResult) -> Summary:
     )
 
 
-def _team_figures(result: SimResult, done: list) -> dict[str, TeamFigures]:
+def _team_figures(result: SimResult, done: list[JobState]) -> dict[str, TeamFigures]:
     names = sorted({s.trace.team for s in result.jobs})
     if len(names) < 2:
         return {}
@@ -79,7 +81,7 @@ def _team_figures(result: SimResult, done: list) -> dict[str, TeamFigures]:
         own_gpus = max(1.0, share * result.gpus)
         ratios = []
         for s in done:
-            if s.trace.team != team:
+            if s.trace.team != team or s.finish is None:
                 continue
             ideal = s.trace.duration_s * max(1.0, s.trace.gpus / own_gpus)
             if ideal > 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from apps.scheduling.types import Snapshot
+from apps.scheduling.types import PendingJob, RunningJob, Snapshot
 
 MAX_EXPONENT = 30.0
 
@@ -31,7 +31,8 @@ class FairShare:
             for team, q in quotas.items()
         }
         users: dict[str, set[str]] = defaultdict(set)
-        for job in (*snapshot.pending, *snapshot.running):
+        jobs: tuple[PendingJob | RunningJob, ...] = (*snapshot.pending, *snapshot.running)
+        for job in jobs:
             users[job.team].add(job.user)
         self._user: dict[tuple[str, str], float] = {}
         for team, q in quotas.items():

@@ -232,21 +232,25 @@ class FreeGpus:
         opened: tuple[int, int, int, int] | None = None  # (free on host, host rank, gpu id, units)
         for gpu_type in types:
             hosts = self.free.get(gpu_type)
+            if not hosts:
+                continue
             shared = self.shared_hosts.get(gpu_type, {})
-            for host in [h for h in shared if hosts and h in hosts]:
-                found = self._first_fit(job, hosts[host], fence)
-                if found is not None:
-                    key = (len(hosts[host]), self.host_order[host], *found)
-                    opened = key if opened is None or key < opened else opened
+            for host in [h for h in shared if h in hosts]:
+                fit = self._first_fit(job, hosts[host], fence)
+                if fit is not None:
+                    rank = (len(hosts[host]), self.host_order[host], *fit)
+                    opened = rank if opened is None or rank < opened else opened
         if opened is not None:
             return opened[2], opened[3]
         for gpu_type in types:
             hosts = self.free.get(gpu_type)
-            for host in self._fewest_free_hosts(gpu_type) if hosts else ():
-                found = self._first_fit(job, hosts[host], fence)  # type: ignore[index]
-                if found is not None:
-                    key = (len(hosts[host]), self.host_order[host], *found)  # type: ignore[index]
-                    opened = key if opened is None or key < opened else opened
+            if not hosts:
+                continue
+            for host in self._fewest_free_hosts(gpu_type):
+                fit = self._first_fit(job, hosts[host], fence)
+                if fit is not None:
+                    rank = (len(hosts[host]), self.host_order[host], *fit)
+                    opened = rank if opened is None or rank < opened else opened
                     break
         return (opened[2], opened[3]) if opened is not None else None
 

@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
-from apps.scheduling.sharing import job_share
 from apps.scheduling.types import PendingJob, RunningJob
+from apps.scheduling.usage import gpus_held, job_share_units
 
 # Recent finished runs kept per (user, similarity key): old behaviour stops mattering.
 HISTORY_WINDOW = 20
@@ -60,7 +60,10 @@ class RuntimeHistory:
 
 def elapsed_run_s(job: PendingJob | RunningJob, now: float) -> float:
     """Wall-clock seconds the job has run in total (earlier runs plus the current one)."""
-    earlier = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.attained_gpu_seconds and job.gpus else 0.0
+    # Attained service is in GPU-seconds (usage.py); a fraction of a GPU earns its share per second.
+    earlier = 0.0
+    if job.attained_gpu_seconds and job.gpus:
+        earlier = job.attained_gpu_seconds / gpus_held(job.gpus, job_share_units(job))
     if isinstance(job, RunningJob):
         return earlier + max(0.0, now - job.started_at)
     return earlier
@@ -93,10 +96,7 @@ def predict_remaining_s(
     job: PendingJob | RunningJob, now: float, history: RuntimeHistory | None, default_s: float
 ) -> float:
     running = isinstance(job, RunningJob)
-    # Attained service is in GPU-seconds; a fraction of a GPU earns its share per second.
-    elapsed = job.attained_gpu_seconds / (job.gpus * job_share(job)) if job.attained_gpu_seconds and job.gpus else 0.0
-    if running:
-        elapsed += max(0.0, now - job.started_at)  # type: ignore[union-attr]
+    elapsed = elapsed_run_s(job, now)
     step = job.observed_step_s
     if step is None and history is not None and job.similarity_key is not None:
         step = history.step_s(job.user, job.similarity_key, job.gpus)

@@ -54,6 +54,8 @@ FENCE_SCAN = 64
 Choice = tuple[tuple[int, ...], int]
 # (predicted end, gpu ids, team, units on each GPU, memory MB on each GPU)
 Release = tuple[float, tuple[int, ...], str, int, int]
+# a waiting job in pass order: (-priority, score, submitted at, job id, job, predicted remaining seconds)
+Ranked = tuple[int, float, float, int, PendingJob, float]
 
 
 @dataclass(slots=True)
@@ -111,7 +113,7 @@ class ConsolePass:
         self.reservation: Reservation | None = None
         self.searches = 0
         self.no_fit: dict[str | None, tuple[int, int]] = {}
-        self.widest_host: dict[str | None, int] = dict(self.free.host_capacity)
+        self.widest_host: dict[str | None, int] = {t: n for t, n in self.free.host_capacity.items()}
         self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
         self.capacity_reasons: dict[tuple[str | None, int, int | None], tuple[str, str] | None] = {}
         self.victim_index = VictimIndex()
@@ -328,7 +330,7 @@ class ConsolePass:
             if not s.stopped
         ]
 
-    def _fraction_fence(self, ordered: list[tuple]) -> Fence | None:
+    def _fraction_fence(self, ordered: list[Ranked]) -> Fence | None:
         """GPUs kept from fractions for the first whole-GPU job (of the first FENCE_SCAN within quota) that can
         start now, or could if the GPUs that fractions hold were empty. Without the first case, fractions ahead
         of it in the queue would take the GPUs again the moment they drain."""
@@ -380,7 +382,7 @@ class ConsolePass:
     def run(self) -> Decisions:
         self._running_states()
         remaining_of, score_of = self._remaining, self._score
-        ordered = []
+        ordered: list[Ranked] = []
         fractions = False
         for job in self.snapshot.pending:
             fractions = fractions or (job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None))

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from apps.scheduling.baselines import OracleShortest, OracleShortestJobFirst, Tiresias2DLAS
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.interference import profile
+from apps.scheduling.interference import Profile, profile
 from apps.scheduling.metrics import Summary, summarize
 from apps.scheduling.pairing import pair_complementary
 from apps.scheduling.policy import schedule
@@ -67,7 +67,7 @@ def console_share(sim: Simulator, config: PolicyConfig) -> Callable[[Snapshot], 
     policy_config = replace(config, policy="console")
     share = 1.0 / SHARE_SLOTS
 
-    def profile_of(job_id: int):
+    def profile_of(job_id: int) -> Profile:
         trace = sim.jobs[job_id].trace
         return profile(trace.step_s, trace.resource_s)
 

@@ -6,21 +6,27 @@ no progress (checkpoint reload), then runs its remaining time; a job's GPU-secon
 
 A job placed with a share of a GPU (Placement.gpu_share < 1) shares it with the other fractions there and runs
 slower by the interference model (interference.py); whenever a job joins or leaves a shared GPU the others on it
-are brought up to date and their ends re-timed. A fraction's GPU-seconds count its share.
+are brought up to date and their ends re-timed. A fraction's GPU-seconds count its share (usage.py, the
+formula the console counts by); fair-share usage decays as the console's does, charged up to each event before
+it changes the running jobs.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.interference import profile, slowdowns
+from apps.scheduling.placeability import candidates, gpu_index, placement_refusal, units_in_use
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory
+from apps.scheduling.sharing import FULL, share_units
+from apps.scheduling.similarity import similarity_key
 from apps.scheduling.trace import TraceJob
 from apps.scheduling.types import Decisions, HostView, PendingJob, RunningJob, Snapshot, TeamQuotaView
+from apps.scheduling.usage import decay, decayed_gpu_seconds, segment_gpu_seconds
 
 # At most this many passes at one instant (a pass that preempted asks for another to fill the freed GPUs).
 PASSES_PER_INSTANT = 3
@@ -50,6 +56,14 @@ class JobState:
     share: float = 1.0
     rate: float = 1.0
     settled_at: float = 0.0
+
+    @property
+    def share_units(self) -> int:
+        """Units of each GPU the current run holds (FULL for whole GPUs)."""
+        return share_units(self.share) if self.share < 1.0 else FULL
+
+    def gpu_seconds(self, seconds: float) -> float:
+        return segment_gpu_seconds(self.trace.gpus, self.share_units, seconds)
 
 
 @dataclass
@@ -86,8 +100,10 @@ class Simulator:
         switch_overhead: float = 0.0,
     ) -> None:
         self.jobs = {job.job_id: JobState(job, job.duration_s) for job in jobs}
+        self.keys = {job.job_id: similarity_key(job.workload) for job in jobs}
         self.arrivals = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
         self.hosts = hosts
+        self.gpu_index = gpu_index(hosts)
         self.gpus = sum(len(h.gpus) for h in hosts)
         self.decide = decide
         self.base_quotas = quotas
@@ -140,7 +156,7 @@ class Simulator:
             steps_done=steps_done,
             observed_step_s=trace.step_s if started and self.console_view else None,
             preemption_count=state.preemptions,
-            similarity_key=trace.model,
+            similarity_key=self.keys[trace.job_id],
         )
 
     def _running_view(self, state: JobState, gpu_ids: tuple[int, ...], borrowing: bool) -> RunningJob:
@@ -171,23 +187,31 @@ class Simulator:
             gpu_share=min(state.share, 1.0),
         )
 
+    def _charge_usage(self) -> None:
+        """Bring fair-share usage up to now: decay what was recorded, add the running jobs' decayed GPU-seconds
+        since the last charge. Called whenever time moves, before a job ends, so a run's last stretch counts."""
+        if len(self.base_quotas) <= 1 or self.now <= self.usage_clock:
+            return
+        factor = decay(self.now - self.usage_clock, self.half_life_s)
+        for usage in self.usage.values():
+            usage.value *= factor
+            for user in usage.users:
+                usage.users[user] *= factor
+        for job in self.running.values():
+            team = self.usage.get(job.team)
+            if team is None:
+                continue
+            state = self.jobs[job.job_id]
+            charged = decayed_gpu_seconds(job.gpus, state.share_units, max(state.run_start, self.usage_clock),
+                                          self.now, self.now, self.half_life_s)
+            team.value += charged
+            team.users[job.user] = team.users.get(job.user, 0.0) + charged
+        self.usage_clock = self.now
+
     def _quotas(self) -> dict[str, TeamQuotaView]:
         if len(self.base_quotas) <= 1:
             return self.base_quotas
-        elapsed = self.now - self.usage_clock
-        decay = 0.5 ** (elapsed / self.half_life_s) if self.half_life_s > 0 else 0.0
-        held: dict[str, dict[str, float]] = {}
-        for job in self.running.values():
-            held.setdefault(job.team, {}).setdefault(job.user, 0)
-            held[job.team][job.user] += job.gpus * job.gpu_share
-        for team, usage in self.usage.items():
-            usage.value *= decay
-            for user in usage.users:
-                usage.users[user] *= decay
-            for user, gpus in held.get(team, {}).items():
-                usage.value += gpus * elapsed
-                usage.users[user] = usage.users.get(user, 0.0) + gpus * elapsed
-        self.usage_clock = self.now
+        self._charge_usage()
         return {
             team: TeamQuotaView(
                 team,
@@ -206,21 +230,22 @@ class Simulator:
     def _finish(self, job_id: int) -> None:
         state = self.jobs[job_id]
         running = self.running.pop(job_id)
-        self.busy_gpu_s += (self.now - state.run_start) * running.gpus * state.share
-        state.attained_gpu_s += (self.now - state.run_start) * running.gpus * state.share
+        ran = state.gpu_seconds(self.now - state.run_start)
+        self.busy_gpu_s += ran
+        state.attained_gpu_s += ran
         state.remaining_s = 0.0
         if state.share < 1.0:
             self._leave_shared(job_id, running.gpu_ids)
         state.finish = self.now
         trace = state.trace
-        self.history.record(trace.user, trace.model, FinishedRun(trace.gpus, trace.duration_s, trace.step_s))
+        self.history.record(trace.user, self.keys[job_id], FinishedRun(trace.gpus, trace.duration_s, trace.step_s))
 
     def _stop(self, job_id: int) -> None:
         state = self.jobs[job_id]
         running = self.running.pop(job_id)
         ran = self.now - state.run_start
-        self.busy_gpu_s += ran * running.gpus * state.share
-        state.attained_gpu_s += ran * running.gpus * state.share
+        self.busy_gpu_s += state.gpu_seconds(ran)
+        state.attained_gpu_s += state.gpu_seconds(ran)
         if state.share < 1.0:
             self._settle(state)
             self._leave_shared(job_id, running.gpu_ids)
@@ -286,28 +311,26 @@ class Simulator:
             if preemption.job_id in self.running:
                 self._stop(preemption.job_id)
                 stopped.add(preemption.job_id)
-        busy = {g for job in self.running.values() if job.gpu_share >= 1.0 for g in job.gpu_ids}
-        shared = {g: sum(self.jobs[j].share for j in jobs) for g, jobs in self.sharing.items()}
+        used = units_in_use(self.running.values())
         for placement in decisions.placements:
             if placement.job_id not in self.pending:
                 raise RuntimeError(f"policy placed job {placement.job_id}, which is not waiting")
-            share = placement.gpu_share
-            if (
-                busy.intersection(placement.gpu_ids)
-                or len(placement.gpu_ids) != self.jobs[placement.job_id].trace.gpus
-                or (share >= 1.0 and shared.keys() & set(placement.gpu_ids))
-                or (share < 1.0 and any(shared.get(g, 0.0) + share > 1.0 + 1e-9 for g in placement.gpu_ids))
-            ):
-                raise RuntimeError(f"policy placed job {placement.job_id} on busy or too few GPUs")
-            if share >= 1.0:
-                busy.update(placement.gpu_ids)
-            else:
-                for gpu_id in placement.gpu_ids:
-                    shared[gpu_id] = shared.get(gpu_id, 0.0) + share
+            share = min(1.0, placement.gpu_share)
+            units = share_units(share) if share < 1.0 else FULL
+            job = self.pending[placement.job_id]
+            offered = candidates(placement.gpu_ids, self.gpu_index, used)
+            refusal = (
+                "an unknown GPU" if offered is None
+                else placement_refusal(replace(job, gpu_share=share), offered, units)
+            )
+            if refusal is not None:
+                raise RuntimeError(f"policy placed job {placement.job_id} where it cannot run: {refusal}")
+            for gpu_id in placement.gpu_ids:
+                used[gpu_id] = used.get(gpu_id, 0) + units
             if placement.job_id in stopped:
                 self.migration_count += 1
                 self.preemption_count -= 1
-            self._start(placement.job_id, placement.gpu_ids, placement.borrowing, min(1.0, share))
+            self._start(placement.job_id, placement.gpu_ids, placement.borrowing, share)
         self.preemption_count += len(stopped)
 
     def run(self, name: str) -> SimResult:
@@ -327,6 +350,7 @@ class Simulator:
             if not candidates:
                 raise RuntimeError(f"{name}: {len(self.pending)} jobs can never run on this cluster")
             self.now = max(self.now, min(candidates))
+            self._charge_usage()
             while self.ends and self.ends[0][0] <= self.now + EPSILON_S:
                 _, job_id, token = heapq.heappop(self.ends)
                 if token == self.jobs[job_id].end_token and job_id in self.running:

@@ -30,6 +30,11 @@ class TraceJob:
     # Seconds per iteration on each resource (Muri's resource_time_0..2), for the interference model.
     resource_s: tuple[float, ...] | None = None
 
+    @property
+    def workload(self) -> dict[str, str]:
+        """The job as the console would record it: a named model runs like a built-in (similarity.py)."""
+        return {"builtin": self.model}
+
 
 def load_trace(path: str | Path, trace_format: str, runtime_model: str = "duration") -> list[TraceJob]:
     """`duration`: run time is the trace's duration column. `muri`: iterations x iteration_time x 1.015, the

@@ -368,7 +368,7 @@ class JobCgroup:
             return kills > 0
         if self.version == "v1" and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
             folder = self._dir("memory")
-            return folder is not None and _read_int(folder / "memory.failcnt", 0) > 0
+            return folder is not None and (_read_int(folder / "memory.failcnt", 0) or 0) > 0
         return False
 
     def peak_memory_bytes(self) -> int | None:

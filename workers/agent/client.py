@@ -42,7 +42,8 @@ class ConsoleClient:
         if response.status_code == 400:
             raise AgentConfigError(f"the console rejected {path}: {response.text[:500]}")
         response.raise_for_status()
-        return response.json()
+        body: dict[str, Any] = response.json()
+        return body
 
     def _post_retrying(self, path: str, payload: dict[str, Any], *, attempts: int) -> dict[str, Any]:
         delay = 0.5

@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from celery import Celery
@@ -20,6 +21,7 @@ from celery.signals import worker_shutdown
 
 from workers.agent.cgroups import host_capacity
 from workers.agent.client import AgentConfigError, ConsoleClient
+from workers.agent.gpus.base import GpuBackend
 from workers.agent.runner import JobProcess, JobRunner, JobUids, RunAs, kill_leftover_jobs, resolve_run_as
 from workers.agent.sandbox import views_unavailable
 from workers.agent.sharing import over_share
@@ -165,7 +167,7 @@ def artifacts_path(value: str) -> Path:
     return Path(value)
 
 
-def open_gpu_backend(args: argparse.Namespace):
+def open_gpu_backend(args: argparse.Namespace) -> GpuBackend:
     from workers.agent.gpus import NoGpuBackend, open_backend
 
     try:
@@ -174,7 +176,7 @@ def open_gpu_backend(args: argparse.Namespace):
         raise SystemExit(f"gpu-agent: {exc}") from None
 
 
-def registration(args: argparse.Namespace, backend) -> Registration:
+def registration(args: argparse.Namespace, backend: GpuBackend) -> Registration:
     info = backend.driver_info()
     return Registration(
         host=args.name,
@@ -190,7 +192,7 @@ def registration(args: argparse.Namespace, backend) -> Registration:
     )
 
 
-def register_until_accepted(client: ConsoleClient, message: Registration, stop: threading.Event) -> dict:
+def register_until_accepted(client: ConsoleClient, message: Registration, stop: threading.Event) -> dict[str, Any]:
     delay = 1.0
     while not stop.is_set():
         try:
@@ -248,7 +250,7 @@ def celery_app(args: argparse.Namespace, runner: JobRunner) -> Celery:
     )
 
     @app.task(name=RUN_JOB_TASK)
-    def run_job(message: dict) -> str:
+    def run_job(message: dict[str, Any]) -> str:
         try:
             dispatch = Dispatch.from_message(message)
         except ProtocolError as exc:
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def attach(job: JobProcess) -> None:
         for index in job.dispatch.gpu_indices:
+            assert job.process is not None
             backend.attach_job(index, job.dispatch.job_id, job.process.pid)
 
     def detach(job: JobProcess) -> None:

@@ -42,7 +42,19 @@ from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
-from workers.protocol import REPLICA_SECRET_ENV, Dispatch, JobIsolation, JobStatus
+from workers.protocol import (
+    FORWARDED_RECORDS,
+    JOB_ENV_VARIABLES,
+    PROGRESS_FILE_NAME,
+    Dispatch,
+    JobEnvironment,
+    JobIsolation,
+    JobStatus,
+    ProgressRecord,
+    RunningDetails,
+    decode_progress,
+    job_api_url,
+)
 from workers.runtime.artifacts import LocalArtifactStore
 
 logger = logging.getLogger("workers.agent")
@@ -178,7 +190,7 @@ def exit_code_of(returncode: int) -> int:
 class Launcher:
     """One thread starts every job process, so PDEATHSIG ties them to the agent's life, not a worker thread's."""
 
-    _requests: queue.Queue = field(default_factory=queue.Queue)
+    _requests: queue.Queue[tuple[list[str], dict[str, Any], queue.Queue[Any]]] = field(default_factory=queue.Queue)
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -193,22 +205,23 @@ class Launcher:
             except BaseException as exc:  # noqa: BLE001 - handed back to the caller
                 reply.put(exc)
 
-    def popen(self, argv: list[str], **options: Any) -> subprocess.Popen:
+    def popen(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
         if self._thread is None:
             self.start()
-        reply: queue.Queue = queue.Queue(maxsize=1)
+        reply: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._requests.put((argv, options, reply))
         result = reply.get()
         if isinstance(result, BaseException):
             raise result
-        return result
+        process: subprocess.Popen[bytes] = result
+        return process
 
 
 @dataclass
 class JobProcess:
     dispatch: Dispatch
     workdir: Path
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     # Set when the agent stops the job: the state to report and why.
     stop_state: str | None = None
     stop_reason: str = ""
@@ -326,13 +339,13 @@ class JobRunner:
         try:
             reply = self.client.report(
                 dispatch.job_id,
-                JobStatus("running", dispatch.attempt, node_rank=job.node_rank, details={
-                    "host": dispatch.host,
-                    **self.isolation(job).to_details(),
-                    **({"gpu_share": job.limits.mechanism, "gpu_memory_limit_mb": job.limits.memory_mb}
-                       if job.limits else {}),
-                    "limits": self.cgroups.describe(dispatch),
-                }),
+                JobStatus.running(dispatch.attempt, RunningDetails(
+                    host=dispatch.host,
+                    isolation=self.isolation(job),
+                    gpu_share=job.limits.mechanism if job.limits else "",
+                    gpu_memory_limit_mb=job.limits.memory_mb if job.limits else None,
+                    limits=self.cgroups.describe(dispatch),
+                ), node_rank=job.node_rank),
                 attempts=5,
             )
         except ConsoleRejected as exc:
@@ -374,6 +387,7 @@ class JobRunner:
         with self._lock:
             self._jobs.pop(job.key, None)
         if self._has_own_uid(job):
+            assert self.job_uids is not None and job.user is not None
             self.job_uids.give_back(job.user.uid)
 
     def _make_dirs(self, job: JobProcess) -> None:
@@ -583,7 +597,7 @@ class JobRunner:
         pending_size = 0
         last_flush = last_progress = time.monotonic()
         assert job.home is not None
-        progress_file = job.home / "progress.jsonl"
+        progress_file = job.home / PROGRESS_FILE_NAME
         progress_offset = 0
         room = self.log_max_chars  # characters still kept; past it the output is read and dropped
         with local_log:
@@ -637,17 +651,14 @@ class JobRunner:
         complete = data[: data.rfind(b"\n") + 1]
         if not complete and len(data) == PROGRESS_READ_MAX:
             return offset + len(data)  # a line longer than any progress record: skipped
-        latest: dict[str, dict] = {}
+        latest: dict[str, ProgressRecord] = {}
         for line in complete.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("type") in {"progress", "serving"}:
-                latest[record["type"]] = record  # the newest of each kind: a replica's port, training progress
+            record = decode_progress(line)
+            if record is not None and record.TYPE in FORWARDED_RECORDS:
+                latest[record.TYPE] = record  # the newest of each kind: a replica's port, training progress
         for record in latest.values():
             try:
-                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, record)
+                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, record.to_message())
             except Exception as exc:  # noqa: BLE001 - progress is advisory
                 logger.debug("progress of job %s not sent: %s", job.dispatch.job_id, exc)
         return offset + len(complete)
@@ -721,40 +732,45 @@ class JobRunner:
 
     def environment(self, job: JobProcess) -> dict[str, str]:
         dispatch = job.dispatch
+        assert job.home is not None
         env = {k: v for k, v in os.environ.items()
                if k in JOB_ENV_NAMES or k in self.pass_env or k.startswith(JOB_ENV_PREFIXES)}
-        job_artifacts = self.artifacts_root / str(dispatch.job_id)
-        env.update(
-            CUDA_VISIBLE_DEVICES=",".join(str(i) for i in dispatch.gpu_indices),
-            CONSOLE_JOB_ID=str(dispatch.job_id),
-            CONSOLE_ATTEMPT=str(dispatch.attempt),
-            CONSOLE_PRESET=dispatch.preset,
-            CONSOLE_PROGRESS_FILE=str(job.home / "progress.jsonl"),
-            CONSOLE_CHECKPOINT_DIR=str(job_artifacts / "checkpoints"),
-            CONSOLE_OUTPUT_DIR=str(job_artifacts / "outputs"),
-            PYTHONUNBUFFERED="1",
-        )
-        if dispatch.job_token:  # the attempt's own credential for the console's job API, never the agent's
-            env.update(CONSOLE_JOB_TOKEN=dispatch.job_token, CONSOLE_API_URL=f"{self.console_url.rstrip('/')}/api/v1/job/")
         if job.user is not None:
             env.update(HOME=str(job.home), USER=job.user.name, LOGNAME=job.user.name, TMPDIR=str(job.home / "tmp"))
         else:
             env.update(HOME=str(job.home), TMPDIR=tempfile.gettempdir())
-        env.pop(REPLICA_SECRET_ENV, None)
-        if dispatch.replica_secret:
-            env[REPLICA_SECRET_ENV] = dispatch.replica_secret  # not argv: /proc/PID/cmdline is world-readable
-        if dispatch.max_steps:
-            env["CONSOLE_MAX_STEPS"] = str(dispatch.max_steps)
-        if self.simulated:
-            env["CONSOLE_DEVICE"] = "cpu"  # simulated GPUs: the work runs on this host's CPUs
-        if job.limits is not None:
-            total = self.gpus.get(dispatch.gpu_indices[0], ("", 0))[1]
-            env["CONSOLE_GPU_MEMORY_LIMIT_MB"] = str(job.limits.memory_mb)
-            if total:
-                env["CONSOLE_GPU_MEMORY_FRACTION"] = f"{min(1.0, job.limits.memory_mb / total):.4f}"
-            if job.limits.mechanism == "mps":
-                env.update(self.mps.environment(job.limits, self.gpus[dispatch.gpu_indices[0]][0]))
+        env["PYTHONUNBUFFERED"] = "1"
+        for name in JOB_ENV_VARIABLES:  # only the agent's values of these, never inherited ones (--pass-env)
+            env.pop(name, None)
+        env.update(self.job_environment(job).to_env())
+        if job.limits is not None and job.limits.mechanism == "mps":
+            env.update(self.mps.environment(job.limits, self.gpus[dispatch.gpu_indices[0]][0]))
         return env
+
+    def job_environment(self, job: JobProcess) -> JobEnvironment:
+        """The job's CONSOLE_* variables and its GPUs (workers/protocol.py reads them back in the job)."""
+        dispatch = job.dispatch
+        assert job.home is not None
+        job_artifacts = self.artifacts_root / str(dispatch.job_id)
+        total = self.gpus.get(dispatch.gpu_indices[0], ("", 0))[1] if dispatch.gpu_indices else 0
+        limit = job.limits.memory_mb if job.limits is not None else None
+        return JobEnvironment(
+            job_id=str(dispatch.job_id),
+            attempt=dispatch.attempt,
+            preset=dispatch.preset,
+            max_steps=dispatch.max_steps or None,
+            progress_file=job.home / PROGRESS_FILE_NAME,
+            checkpoint_dir=job_artifacts / "checkpoints",
+            output_dir=job_artifacts / "outputs",
+            device="cpu" if self.simulated else "",  # simulated GPUs: the work runs on this host's CPUs
+            visible_devices=tuple(str(i) for i in dispatch.gpu_indices),
+            # The attempt's own credential for the console's job API, never the agent's.
+            api_url=job_api_url(self.console_url) if dispatch.job_token else "",
+            job_token=dispatch.job_token,
+            replica_secret=dispatch.replica_secret,  # not argv: /proc/PID/cmdline is world-readable
+            gpu_memory_limit_mb=limit,
+            gpu_memory_fraction=round(min(1.0, limit / total), 4) if limit is not None and total else None,
+        )
 
     def memory_limits(self) -> dict[int, int]:
         """job id -> GPU memory limit (MiB) of the running fractional jobs."""

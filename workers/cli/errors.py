@@ -58,8 +58,8 @@ def format_field_errors(payload: Any, prefix: str = "") -> list[str]:
 
 def detail_of(payload: Any) -> str:
     """The human part of an error body: `detail`, or the field errors on one line."""
-    if isinstance(payload, dict) and isinstance(payload.get("detail"), str):
-        return payload["detail"]
+    if isinstance(payload, dict) and isinstance(detail := payload.get("detail"), str):
+        return detail
     if payload in (None, "", {}, []):
         return ""
     return "; ".join(format_field_errors(payload))

@@ -176,7 +176,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return job_exit_code(final)
 
 
-def _wait(api: Api, job_id: int, *, interval: float, show_logs: bool, log_to_stderr: bool) -> dict | None:
+def _wait(api: Api, job_id: int, *, interval: float, show_logs: bool, log_to_stderr: bool) -> dict[str, Any] | None:
     """Follow the job to its end; None if the user pressed Ctrl-C (the job is left alone)."""
     logs = LogStream(api, job_id, sys.stderr if log_to_stderr else None) if show_logs else None
     try:
@@ -432,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except CliError as exc:
         err(f"gpuctl: error: {exc.message}")
         return exc.exit_code

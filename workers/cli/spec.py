@@ -101,8 +101,8 @@ def default_name(workload: Any) -> str | None:
     """A job without --name is named after what it runs: the builtin, or the command's program."""
     if not isinstance(workload, dict):
         return None
-    if isinstance(workload.get("builtin"), str):
-        return workload["builtin"]
+    if isinstance(builtin := workload.get("builtin"), str):
+        return builtin
     command = workload.get("command")
     if isinstance(command, list) and command and isinstance(command[0], str):
         return Path(command[0]).name or None

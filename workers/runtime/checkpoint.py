@@ -62,15 +62,15 @@ def _full_options() -> StateDictOptions:
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict | None]:
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(model, optimizer) full state dicts; a collective under FSDP: every rank must call it."""
     if optimizer is None:
         return get_model_state_dict(model, options=_full_options()), None
     return get_state_dict(model, optimizer, options=_full_options())
 
 
-def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
-                        optimizer_state: dict | None) -> None:
+def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict[str, Any],
+                        optimizer_state: dict[str, Any] | None) -> None:
     options = StateDictOptions(full_state_dict=True)
     if optimizer is None or optimizer_state is None:
         set_model_state_dict(model, model_state, options=options)

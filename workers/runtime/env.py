@@ -1,4 +1,4 @@
-"""The job's environment, as set by the agent (and by torchrun for multi-process jobs)."""
+"""The job's environment, as set by the agent (workers/protocol.py's JobEnvironment) and by torchrun."""
 
 from __future__ import annotations
 
@@ -7,42 +7,40 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_JOB_ID = "CONSOLE_JOB_ID"
-ENV_PRESET = "CONSOLE_PRESET"
-ENV_MAX_STEPS = "CONSOLE_MAX_STEPS"
-ENV_PROGRESS_FILE = "CONSOLE_PROGRESS_FILE"
-ENV_CHECKPOINT_DIR = "CONSOLE_CHECKPOINT_DIR"
-ENV_CHECKPOINT_EVERY = "CONSOLE_CHECKPOINT_EVERY"
-ENV_OUTPUT_DIR = "CONSOLE_OUTPUT_DIR"
-ENV_MODEL_PATH = "CONSOLE_MODEL_PATH"
-ENV_DEVICE = "CONSOLE_DEVICE"
-# The attempt's credential and the console's job API (GET ./, POST progress/, GET/PUT artifacts/<path>).
-ENV_JOB_TOKEN = "CONSOLE_JOB_TOKEN"
-ENV_API_URL = "CONSOLE_API_URL"
+from workers.protocol import (
+    ENV_API_URL,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY,
+    ENV_DEVICE,
+    ENV_JOB_ID,
+    ENV_JOB_TOKEN,
+    ENV_MAX_STEPS,
+    ENV_MODEL_PATH,
+    ENV_OUTPUT_DIR,
+    ENV_PRESET,
+    ENV_PROGRESS_FILE,
+    EnvError,
+    JobEnvironment,
+)
 
 DEFAULT_PRESET = "baseline-fp32"
 
+__all__ = ["DEFAULT_PRESET", "ENV_API_URL", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY", "ENV_DEVICE",
+           "ENV_JOB_ID", "ENV_JOB_TOKEN", "ENV_MAX_STEPS", "ENV_MODEL_PATH", "ENV_OUTPUT_DIR", "ENV_PRESET",
+           "ENV_PROGRESS_FILE", "EnvError", "RuntimeEnv"]
 
-class EnvError(ValueError):
-    """A CONSOLE_* variable holds a value the runtime cannot use."""
 
-
-def _int_or_none(env: Mapping[str, str], name: str) -> int | None:
+def _rank(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name, "").strip()
     if not raw:
         return None
     try:
         value = int(raw)
-    except ValueError as exc:
-        raise EnvError(f"{name} must be an integer, got {raw!r}") from exc
+    except ValueError:
+        raise EnvError(f"{name} must be an integer, got {raw!r}") from None
     if value < 0:
         raise EnvError(f"{name} must not be negative, got {value}")
     return value
-
-
-def _path_or_none(env: Mapping[str, str], name: str) -> Path | None:
-    raw = env.get(name, "").strip()
-    return Path(raw) if raw else None
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,7 @@ class RuntimeEnv:
     rank: int
     local_rank: int
     world_size: int
+    gpu_memory_fraction: float | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -71,18 +70,20 @@ class RuntimeEnv:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeEnv:
         env = os.environ if env is None else env
+        job = JobEnvironment.from_env(env)
         return cls(
-            job_id=env.get(ENV_JOB_ID, "").strip() or "local",
-            preset=env.get(ENV_PRESET, "").strip() or DEFAULT_PRESET,
-            max_steps=_int_or_none(env, ENV_MAX_STEPS),
-            progress_file=_path_or_none(env, ENV_PROGRESS_FILE),
-            checkpoint_dir=_path_or_none(env, ENV_CHECKPOINT_DIR),
-            checkpoint_every=_int_or_none(env, ENV_CHECKPOINT_EVERY) or None,
-            output_dir=_path_or_none(env, ENV_OUTPUT_DIR),
-            model_path=_path_or_none(env, ENV_MODEL_PATH),
-            device=env.get(ENV_DEVICE, "").strip() or None,
+            job_id=job.job_id or "local",
+            preset=job.preset or DEFAULT_PRESET,
+            max_steps=job.max_steps,
+            progress_file=job.progress_file,
+            checkpoint_dir=job.checkpoint_dir,
+            checkpoint_every=job.checkpoint_every or None,
+            output_dir=job.output_dir,
+            model_path=job.model_path,
+            device=job.device or None,
             # Set by torchrun; a plain `python script.py` is rank 0 of 1.
-            rank=_int_or_none(env, "RANK") or 0,
-            local_rank=_int_or_none(env, "LOCAL_RANK") or 0,
-            world_size=_int_or_none(env, "WORLD_SIZE") or 1,
+            rank=_rank(env, "RANK") or 0,
+            local_rank=_rank(env, "LOCAL_RANK") or 0,
+            world_size=_rank(env, "WORLD_SIZE") or 1,
+            gpu_memory_fraction=job.gpu_memory_fraction,
         )

@@ -1,5 +1,8 @@
 """Progress reports for the agent: JSON lines appended to CONSOLE_PROGRESS_FILE, and log lines.
 
+The records are workers/protocol.py's (TrainingProgress, CheckpointRecord, ResultRecord, ServingProgress);
+a progress record may carry extra fields, which the file keeps and the agent does not forward.
+
 Only the main process (rank 0) writes; other ranks get a reporter that does nothing.
 """
 
@@ -11,6 +14,8 @@ import math
 import time
 from pathlib import Path
 from typing import Any
+
+from workers.protocol import CheckpointRecord, ResultRecord, TrainingProgress
 
 log = logging.getLogger("workers.runtime")
 
@@ -39,8 +44,8 @@ class Reporter:
 
     def emit(self, record: dict[str, Any]) -> dict[str, Any]:
         """Append one JSON line (with a timestamp) and return it."""
-        line = {"type": record["type"], "ts": time.time(), **{k: v for k, v in record.items() if k != "type"}}
-        line = _clean(line)
+        raw = {"type": record["type"], "ts": time.time(), **{k: v for k, v in record.items() if k != "type"}}
+        line: dict[str, Any] = _clean(raw)
         if self.enabled and self.path is not None:
             # One write per line in append mode, so a reader tailing the file never sees half a record
             # from us (lines are far below PIPE_BUF).
@@ -52,7 +57,7 @@ class Reporter:
                  samples_per_s: float, **extra: Any) -> None:
         if not self.enabled:
             return
-        self.emit({"type": "progress", "step": step, "max_steps": max_steps, "loss": loss,
+        self.emit({"type": TrainingProgress.TYPE, "step": step, "max_steps": max_steps, "loss": loss,
                    "steps_per_s": steps_per_s, "samples_per_s": samples_per_s, **extra})
         total = f"/{max_steps}" if max_steps else ""
         loss_txt = f"{loss:.4f}" if loss is not None and math.isfinite(loss) else "n/a"
@@ -62,13 +67,13 @@ class Reporter:
     def checkpoint(self, *, path: Path | str, step: int, **extra: Any) -> None:
         if not self.enabled:
             return
-        self.emit({"type": "checkpoint", "path": str(path), "step": step, **extra})
+        self.emit({**CheckpointRecord(path=str(path), step=step).to_message(), **extra})
         log.info("checkpoint at step %d: %s", step, path)
 
     def result(self, **metrics: Any) -> None:
         if not self.enabled:
             return
-        line = self.emit({"type": "result", **metrics})
+        line = self.emit(ResultRecord(dict(metrics)).to_message())
         log.info("result: %s", json.dumps({k: v for k, v in line.items() if k not in ("type", "ts")}))
 
 
@@ -77,3 +82,4 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+

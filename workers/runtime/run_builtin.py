@@ -75,7 +75,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(rt: Session, workload: BuiltinWorkload, model: nn.Module, dataset: Dataset,
+def evaluate(rt: Session, workload: BuiltinWorkload, model: nn.Module, dataset: Dataset[Any],
              batch_size: int) -> dict[str, float]:
     """Accuracy and mean loss over `dataset` (every rank evaluates all of it: FSDP needs every rank)."""
     loader = DataLoader(dataset, batch_size=batch_size)
@@ -96,7 +96,7 @@ def evaluate(rt: Session, workload: BuiltinWorkload, model: nn.Module, dataset: 
 
 
 def train_teacher(rt: Session, workload: BuiltinWorkload, arch: dict[str, Any], params: dict[str, Any],
-                  dataset: Dataset) -> nn.Module:
+                  dataset: Dataset[Any]) -> nn.Module:
     """The distill preset's teacher: loaded from params.checkpoint, from an earlier attempt of this job, or
     trained here first (plain fp32, same epochs and step limit as the student)."""
     teacher = workload.build_model(arch)

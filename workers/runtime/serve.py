@@ -55,10 +55,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER
+from ..protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER, JobEnvironment, ServingProgress
 from . import checkpoint as ckpt
 from . import session as session_mod
 from .catalog import PRESETS
@@ -66,8 +65,7 @@ from .env import ENV_PRESET
 from .inference import count_quantized
 from .run_builtin import UsageError, resolve_params, seed_everything
 from .workloads import get as get_workload
-from .workloads.digits import CNNDigits
-from .workloads.tiny_lm import TinyLM, corpus, decode, encode
+from .workloads.tiny_lm import TinyLM
 
 log = logging.getLogger("workers.runtime")
 
@@ -119,9 +117,9 @@ class Engine:
         self.quantized_layers = quantized_layers
         self.checkpoint = checkpoint
         self.arch = arch
+        self.codec = get_workload(workload)  # the workload's own encoding of inputs and outputs
         self.is_lm = isinstance(model, TinyLM) or workload == "tiny-lm"
         if self.is_lm:
-            self.vocab = corpus()[1]
             self.seq_len = int(arch["seq_len"])
 
     def describe(self) -> dict[str, Any]:
@@ -163,7 +161,7 @@ class Engine:
                 raise InputError(f"inputs[{index}] has {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
             # The model only ever sees its last seq_len characters; characters outside the training
             # corpus's vocabulary map to its first symbol (as in training).
-            prompts.append(encode(prompt[-self.seq_len:], self.vocab).tolist())
+            prompts.append(self.codec.model_inputs(prompt[-self.seq_len:]).tolist())
         return Payload(len(inputs), (prompts, new_tokens))
 
     # inference (worker thread) -----------------------------------------------------------------------------
@@ -176,11 +174,8 @@ class Engine:
 
     def _run_digits(self, payloads: list[Payload]) -> list[dict[str, Any]]:
         pixels = np.concatenate([p.data for p in payloads]) if len(payloads) > 1 else payloads[0].data
-        x = torch.from_numpy(pixels).to(self.device) / DIGIT_MAX_VALUE
-        if self.workload == "cnn-digits":
-            # The same preprocessing as training: 8x8 upsampled bilinearly to 32x32.
-            x = F.interpolate(x.view(-1, 1, 8, 8), size=CNNDigits.image_size, mode="bilinear",
-                              align_corners=False)
+        # The same encoding as training (the workload's model_inputs), on this replica's device.
+        x = self.codec.model_inputs(torch.from_numpy(pixels).to(self.device))
         logits = self.model(x.to(self.input_dtype))
         probabilities = torch.softmax(logits.float(), dim=-1).cpu().numpy().astype(np.float64)
         classes = probabilities.argmax(axis=-1).tolist()
@@ -214,7 +209,7 @@ class Engine:
                 ids = torch.cat([ids, next_id], dim=1)
             tokens = torch.cat(generated, dim=1).cpu()
             for row, i in enumerate(members):
-                texts[i] = decode(tokens[row, :flat[i][1]], self.vocab)
+                texts[i] = self.codec.decode_outputs(tokens[row, :flat[i][1]])[0]
         answers, start = [], 0
         for payload in payloads:
             answers.append({"outputs": texts[start:start + payload.count]})
@@ -674,8 +669,8 @@ def serve(engine: Engine, *, host: str, port: int, max_batch: int, max_wait_ms: 
     server = _server_class()(config)
 
     def on_ready() -> None:
-        reporter.emit({"type": "serving", "port": bound_port, "host": host, "workload": engine.workload,
-                       "preset": engine.preset, "batching": batching})
+        reporter.emit(ServingProgress(port=bound_port, host=host, workload=engine.workload, preset=engine.preset,
+                                      batching=batching).to_message())
         print(f"serving on {host}:{bound_port}", flush=True)
         log.info("%s (%s) ready on %s:%d; batching %s", engine.workload, engine.preset, host, bound_port,
                  f"up to {batcher.max_batch} inputs / {max_wait_ms:g} ms" if batching else "off")
@@ -744,8 +739,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-auth", action="store_true",
                         help=f"serve without ${REPLICA_SECRET_ENV} (local tries only: needs a loopback --host)")
     args = parser.parse_args(argv)
+    try:
+        job_env = JobEnvironment.from_env(os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
     # Read once and dropped, so that nothing this process starts inherits it.
-    secret = os.environ.pop(REPLICA_SECRET_ENV, "")
+    secret = job_env.replica_secret
+    os.environ.pop(REPLICA_SECRET_ENV, None)
     session_mod.configure_logging(force=True)
     if threading.current_thread() is threading.main_thread():
         # Stopped while still loading: nothing in flight, a clean exit (while serving, uvicorn's handler
@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = _access_problem(args.host, secret, args.no_auth)
     if problem:
         parser.error(problem)
-    preset = args.preset or os.environ.get(ENV_PRESET, "").strip() or DEFAULT_PRESET
+    preset = args.preset or job_env.preset or DEFAULT_PRESET
     if preset not in PRESETS:
         parser.error(f"unknown preset {preset!r}; expected one of "
                      f"{', '.join(n for n, p in PRESETS.items() if p.kind == 'inference')}")
@@ -772,12 +772,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         parser.error(str(exc))
     engine.warm_up(1 if args.no_batching else args.max_batch)
-    from .env import RuntimeEnv
-
     try:
         return serve(engine, host=args.host, port=args.port, max_batch=args.max_batch,
                      max_wait_ms=args.max_wait_ms, batching=not args.no_batching, max_queue=args.max_queue,
-                     progress_file=RuntimeEnv.from_env().progress_file, secret=None if args.no_auth else secret)
+                     progress_file=job_env.progress_file, secret=None if args.no_auth else secret)
     except OSError as exc:
         log.error("cannot serve on %s:%d: %s", args.host, args.port, exc)
         return 1

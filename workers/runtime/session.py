@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import resource
 import signal
 import sys
@@ -623,7 +622,7 @@ class Session:
         self.close()
 
 
-class _StdoutHandler(logging.StreamHandler):
+class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever sys.stdout is at the time (job logs are collected from stdout)."""
 
     def __init__(self) -> None:
@@ -658,22 +657,19 @@ def start(env: Mapping[str, str] | None = None, *, preset: str | None = None,
     name = preset or runtime_env.preset
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
-    cap_gpu_memory(os.environ if env is None else env)
+    cap_gpu_memory(runtime_env.gpu_memory_fraction)
     return Session(runtime_env, PRESETS[name], _merge(PRESETS[name].settings, settings or {}),
                    install_signal_handler=install_signal_handler)
 
 
-def cap_gpu_memory(env: Mapping[str, str]) -> float | None:
-    """A job sharing its GPU without MPS: cap PyTorch's allocator at its share (CONSOLE_GPU_MEMORY_FRACTION).
+def cap_gpu_memory(fraction: float | None) -> float | None:
+    """A job sharing its GPU without MPS: cap PyTorch's allocator at its share (CONSOLE_GPU_MEMORY_FRACTION,
+    checked to lie in (0, 1] by JobEnvironment).
 
     The agent also watches the job's memory through NVML and stops it past its share, so a neighbour never pays.
     """
-    raw = env.get("CONSOLE_GPU_MEMORY_FRACTION", "").strip()
-    if not raw:
+    if fraction is None:
         return None
-    fraction = float(raw)
-    if not 0 < fraction <= 1:
-        raise ValueError(f"CONSOLE_GPU_MEMORY_FRACTION must be in (0, 1], got {raw!r}")
     import torch
 
     if not torch.cuda.is_available():

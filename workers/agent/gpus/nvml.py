@@ -112,7 +112,7 @@ class NvmlBackend:
         self.process_refresh_s = process_refresh_s
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()
-        self._logged: set[tuple] = set()
+        self._logged: set[tuple[Any, ...]] = set()
         self._closed = False
         self._needs_reinit = False
         self._handles: list[Any] = []
@@ -189,7 +189,7 @@ class NvmlBackend:
                 if self._needs_reinit:
                     self._reinit_after_fork()
 
-    def _log_once(self, key: tuple, level: int, msg: str, *args: Any) -> None:
+    def _log_once(self, key: tuple[Any, ...], level: int, msg: str, *args: Any) -> None:
         if key not in self._logged:
             self._logged.add(key)
             self.log.log(level, msg, *args)
@@ -355,7 +355,8 @@ class NvmlBackend:
         getter = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         if getter is not None and not self._old_throttle_api:
             try:
-                return getter(handle)
+                bits: int = getter(handle)
+                return bits
             except pynvml.NVMLError as exc:
                 if getattr(exc, "value", None) != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     return self._call(device, "clock event reasons", _reraise, exc)

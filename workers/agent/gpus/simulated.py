@@ -51,7 +51,7 @@ from .base import (
     XidEvent,
     gpu_type_from_name,
 )
-from .procstat import ProcessTreeMeter
+from .procstat import ProcessTreeMeter, TreeUsage
 
 _UUID_NAMESPACE = uuidlib.UUID("6f1c2a4e-9b1d-4c55-8a53-5d0c1e0b7a11")
 
@@ -308,7 +308,7 @@ class SimulatedBackend:
         )
         self._lock.notify_all()
 
-    def _sample_one(self, gpu: _GpuState, now: float, usage: dict, shares: dict[int, int]) -> GpuSample:
+    def _sample_one(self, gpu: _GpuState, now: float, usage: dict[int, TreeUsage], shares: dict[int, int]) -> GpuSample:
         model = gpu.model
         util = 0.0
         used_mb = 0

@@ -18,12 +18,24 @@ class BuiltinWorkload(ABC):
     width_key: str = ""
 
     @abstractmethod
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
         """(train, eval) datasets of (inputs, targets) pairs; built without downloads."""
 
     @abstractmethod
     def build_model(self, arch: dict[str, Any]) -> nn.Module:
         ...
+
+    # The model's inputs and outputs, encoded and decoded in one place: training (datasets, describe) and
+    # serving (workers/runtime/serve.py) call these, so a model never sees inputs prepared another way.
+
+    @abstractmethod
+    def model_inputs(self, raw: Any) -> torch.Tensor:
+        """Encode raw inputs (digits: a batch of 8x8 images, pixels 0..16; tiny-lm: text) as the model's input."""
+
+    def decode_outputs(self, output: torch.Tensor) -> list[Any]:
+        """Decode a batch of the model's outputs: one answer per input (default: the highest-scoring class)."""
+        answers: list[Any] = output.argmax(dim=-1).tolist()
+        return answers
 
     def arch(self, params: dict[str, Any]) -> dict[str, Any]:
         return {key: params[key] for key in self.arch_keys}

@@ -15,17 +15,26 @@ from torch.utils.data import Dataset, TensorDataset
 from .base import BuiltinWorkload
 
 EVAL_FRACTION = 0.2
+PIXEL_MAX = 16.0  # sklearn's digits: pixel values 0..16
+IMAGE_SIDE = 8
 
 
 @lru_cache(maxsize=1)
 def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """The raw images (n, 8, 8), pixels 0..16, and their labels."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
-    return (data.images / 16.0).astype(np.float32), data.target.astype(np.int64)
+    return data.images.astype(np.float32), data.target.astype(np.int64)
 
 
-def _split(images: torch.Tensor, labels: torch.Tensor) -> tuple[Dataset, Dataset]:
+def _pixels(raw: Any) -> torch.Tensor:
+    """(n, 64) float32 pixels scaled to 0..1 from n images given as 64 values or 8 rows of 8, 0..16."""
+    images = torch.as_tensor(raw, dtype=torch.float32)
+    return images.reshape(-1, IMAGE_SIDE * IMAGE_SIDE) / PIXEL_MAX
+
+
+def _split(images: torch.Tensor, labels: torch.Tensor) -> tuple[Dataset[Any], Dataset[Any]]:
     # A fixed permutation, so every run (and every process) sees the same split.
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
     cut = int(len(labels) * (1 - EVAL_FRACTION))
@@ -74,9 +83,12 @@ class MLPDigits(BuiltinWorkload):
     arch_keys = ("hidden", "depth")
     width_key = "hidden"
 
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
         images, labels = _digits()
-        return _split(torch.from_numpy(images).flatten(1), torch.from_numpy(labels))
+        return _split(self.model_inputs(torch.from_numpy(images)), torch.from_numpy(labels))
+
+    def model_inputs(self, raw: Any) -> torch.Tensor:
+        return _pixels(raw)
 
     def build_model(self, arch: dict[str, Any]) -> nn.Module:
         return MLP(hidden=int(arch["hidden"]), depth=int(arch.get("depth", 2)))
@@ -88,12 +100,15 @@ class CNNDigits(BuiltinWorkload):
     width_key = "channels"
     image_size = 32
 
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
         images, labels = _digits()
-        # Upsampled once, up front: 8x8 is too small for three conv+pool stages.
-        upsampled = F.interpolate(torch.from_numpy(images).unsqueeze(1), size=self.image_size, mode="bilinear",
-                                  align_corners=False)
-        return _split(upsampled.contiguous(), torch.from_numpy(labels))
+        # Upsampled once, up front (model_inputs), not per batch.
+        return _split(self.model_inputs(torch.from_numpy(images)), torch.from_numpy(labels))
+
+    def model_inputs(self, raw: Any) -> torch.Tensor:
+        # Upsampled bilinearly to 32x32: 8x8 is too small for three conv+pool stages.
+        images = _pixels(raw).view(-1, 1, IMAGE_SIDE, IMAGE_SIDE)
+        return F.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False).contiguous()
 
     def build_model(self, arch: dict[str, Any]) -> nn.Module:
         return CNN(channels=int(arch["channels"]), image_size=self.image_size)

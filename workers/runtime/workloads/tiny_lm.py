@@ -33,7 +33,7 @@ def decode(ids: torch.Tensor, vocab: str) -> str:
     return "".join(vocab[i] for i in ids.tolist())
 
 
-class CharChunks(Dataset):
+class CharChunks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """(seq_len inputs, next-character targets) windows over `ids`, starting every `stride` characters."""
 
     def __init__(self, ids: torch.Tensor, seq_len: int, stride: int) -> None:
@@ -110,13 +110,23 @@ class TinyLMWorkload(BuiltinWorkload):
     arch_keys = ("layers", "d_model", "heads", "seq_len")
     width_key = "d_model"
 
-    def datasets(self, params: dict[str, Any]) -> tuple[Dataset, Dataset]:
-        text, vocab = corpus()
-        ids = encode(text, vocab)
+    def datasets(self, params: dict[str, Any]) -> tuple[Dataset[Any], Dataset[Any]]:
+        text, _ = corpus()
+        ids = self.model_inputs(text)
         cut = int(len(ids) * (1 - EVAL_FRACTION))
         seq_len = int(params["seq_len"])
         return (CharChunks(ids[:cut], seq_len, stride=max(1, seq_len // 2)),
                 CharChunks(ids[cut:], seq_len, stride=seq_len))
+
+    def model_inputs(self, raw: Any) -> torch.Tensor:
+        """Token ids of a text; characters outside the corpus's vocabulary map to its first symbol."""
+        return encode(str(raw), corpus()[1])
+
+    def decode_outputs(self, output: torch.Tensor) -> list[Any]:
+        """The text of each row of token ids (a 1-d tensor is one row)."""
+        _, vocab = corpus()
+        rows = [output.reshape(-1)] if output.dim() <= 1 else list(output.reshape(-1, output.shape[-1]))
+        return [decode(row.cpu(), vocab) for row in rows]
 
     def build_model(self, arch: dict[str, Any]) -> nn.Module:
         d_model = int(arch["d_model"])
@@ -125,13 +135,12 @@ class TinyLMWorkload(BuiltinWorkload):
 
     def describe(self, model: nn.Module, output: dict[str, Any]) -> None:
         super().describe(model, output)
-        _, vocab = corpus()
         if not isinstance(model, TinyLM):
             return
         device = next(model.parameters()).device
-        prompt = encode("The keeper ", vocab).unsqueeze(0).to(device)
+        prompt = self.model_inputs("The keeper ").unsqueeze(0).to(device)
         was_training = model.training
         model.eval()
         sample = model.generate(prompt, 80, generator=torch.Generator(device=device).manual_seed(0))
         model.train(was_training)
-        output["sample"] = decode(sample[0].cpu(), vocab)
+        output["sample"] = self.decode_outputs(sample[0])[0]
