@@ -30,6 +30,44 @@ class World:
         return None if name == "anonymous" else getattr(self, name)
 
 
+@pytest.fixture(autouse=True)
+def _caches_start_empty():
+    """Each test starts with empty caches: a cached value (an alert condition's start, a host's GPU map) is keyed
+    by row ids, which the next test's rows reuse after the rollback, so it would leak by the order tests run in."""
+    from django.core.cache import cache
+
+    from apps.telemetry import services as telemetry_services
+
+    cache.clear()
+    telemetry_services._maps.clear()
+    yield
+
+
+# Rows that data migrations create: a transactional test's flush deletes them, and under pytest-xdist such a test
+# can run before others in the same worker (serially, pytest-django runs transactional tests last).
+SEEDING_MIGRATIONS = ["apps.telemetry.migrations.0002_default_alert_rules",
+                      "apps.telemetry.migrations.0005_service_alert_rules"]
+
+
+@pytest.fixture(autouse=True)
+def _migration_rows_present(request):
+    names = set(request.fixturenames)
+    if not names & {"db", "transactional_db"} and not request.node.get_closest_marker("django_db"):
+        yield
+        return
+    request.getfixturevalue("transactional_db" if "transactional_db" in names else "db")
+    import importlib
+
+    from django.apps import apps
+
+    from apps.telemetry.models import AlertRule
+
+    if not AlertRule.objects.exists():
+        for module in SEEDING_MIGRATIONS:
+            importlib.import_module(module).create_rules(apps, None)
+    yield
+
+
 @pytest.fixture
 def world(db) -> World:
     vision = TeamFactory(slug="vision", quota__max_gpus=8)
