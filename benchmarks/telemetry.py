@@ -728,12 +728,11 @@ def _tick_cost(cfg: dict[str, Any]) -> dict[str, Any]:
     os.environ.update(cfg["env"])
     sys.path.insert(0, str(ROOT))
     import pickle
-    from types import SimpleNamespace
 
     import django
 
     django.setup()
-    from apps.telemetry.hub import _visible_sample
+    from apps.accounts.access import Viewer, visible_gpu
     from apps.telemetry.services import FRAME_FIELDS, clean_batch
 
     rng = random.Random(0)
@@ -751,7 +750,7 @@ def _tick_cost(cfg: dict[str, Any]) -> dict[str, Any]:
         frames.append(pickle.dumps({"host": name, "ts": time.time(), "received": time.time(), "gpus": frame_gpus},
                                    pickle.HIGHEST_PROTOCOL))
     clients = max(1, cfg["clients"])
-    subscriber = SimpleNamespace(is_admin=True, visible_teams=set())
+    viewer = Viewer(user_id=None, is_admin=True, teams=frozenset())
     compressors = [zlib.compressobj(wbits=-12, memLevel=5) for _ in range(clients)]
 
     def cpu(fn, repeat: int = 5) -> tuple[float, Any]:
@@ -764,7 +763,7 @@ def _tick_cost(cfg: dict[str, Any]) -> dict[str, Any]:
 
     unpickle_ms, loaded = cpu(lambda: [pickle.loads(f) for f in frames])
     samples = [g for f in loaded for g in f["gpus"]]
-    visible_ms, visible = cpu(lambda: [[_visible_sample(g, subscriber) for g in samples] for _ in range(clients)])
+    visible_ms, visible = cpu(lambda: [[visible_gpu(g, viewer) for g in samples] for _ in range(clients)])
     message = {"type": "gpu.sample", "ts": time.time(), "gpus": visible[0]}
     dumps_ms, texts = cpu(lambda: [json.dumps(message, default=str) for _ in range(clients)])
 

@@ -79,6 +79,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "apps.core.middleware.DatabaseUnavailableMiddleware",
+    "apps.dashboard.errors.DomainErrorMiddleware",
     # Last: it turns a locked-out login into its lockout response.
     "axes.middleware.AxesMiddleware",
 ]

@@ -4,6 +4,7 @@ CELERY_BROKER_URL / DATABASE_URL / REDIS_URL from the environment still apply (C
 """
 
 import os
+import re
 import tempfile
 
 os.environ.setdefault("CELERY_BROKER_URL", "memory://")
@@ -11,6 +12,20 @@ os.environ.setdefault("CELERY_BROKER_URL", "memory://")
 os.environ.setdefault("CONSOLE_DB_POOL_SIZE", "40")
 # Tests never read or write the dev server's artifacts.
 os.environ.setdefault("CONSOLE_ARTIFACTS", tempfile.mkdtemp(prefix="console-test-artifacts-"))
+
+
+
+def _redis_db_of_this_worker(url: str, offset: int) -> str:
+    """Under pytest-xdist each worker has Redis databases of its own (12-15 for gw0/gw1; live clusters take 5-8),
+    so two workers' channel groups, caches and queues never meet."""
+    worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+    return re.sub(r"(/\d*)?$", f"/{12 + 2 * worker + offset}", url, count=1)
+
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for name, offset in (("REDIS_URL", 0), ("CELERY_BROKER_URL", 1)):
+        if os.environ.get(name, "").startswith("redis"):
+            os.environ[name] = _redis_db_of_this_worker(os.environ[name], offset)
 
 from console.settings import *  # noqa: E402,F403
 

@@ -7,6 +7,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Role, Team
 from apps.cluster.models import GPU
+from tests import fault_table
 from tests.factories import HostFactory, MembershipFactory, TeamFactory, UserFactory, add_gpus
 
 
@@ -27,6 +28,44 @@ class World:
 
     def persona(self, name: str):
         return None if name == "anonymous" else getattr(self, name)
+
+
+@pytest.fixture(autouse=True)
+def _caches_start_empty():
+    """Each test starts with empty caches: a cached value (an alert condition's start, a host's GPU map) is keyed
+    by row ids, which the next test's rows reuse after the rollback, so it would leak by the order tests run in."""
+    from django.core.cache import cache
+
+    from apps.telemetry import services as telemetry_services
+
+    cache.clear()
+    telemetry_services._maps.clear()
+    yield
+
+
+# Rows that data migrations create: a transactional test's flush deletes them, and under pytest-xdist such a test
+# can run before others in the same worker (serially, pytest-django runs transactional tests last).
+SEEDING_MIGRATIONS = ["apps.telemetry.migrations.0002_default_alert_rules",
+                      "apps.telemetry.migrations.0005_service_alert_rules"]
+
+
+@pytest.fixture(autouse=True)
+def _migration_rows_present(request):
+    names = set(request.fixturenames)
+    if not names & {"db", "transactional_db"} and not request.node.get_closest_marker("django_db"):
+        yield
+        return
+    request.getfixturevalue("transactional_db" if "transactional_db" in names else "db")
+    import importlib
+
+    from django.apps import apps
+
+    from apps.telemetry.models import AlertRule
+
+    if not AlertRule.objects.exists():
+        for module in SEEDING_MIGRATIONS:
+            importlib.import_module(module).create_rules(apps, None)
+    yield
 
 
 @pytest.fixture
@@ -74,3 +113,18 @@ def fake_s3(monkeypatch):
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket="artifacts")
         yield boto3.client("s3")
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its fault rows go to the controller
+        workeroutput["fault_rows"] = list(fault_table.ROWS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    fault_table.ROWS.extend(tuple(row) for row in getattr(node, "workeroutput", {}).get("fault_rows", []))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    fault_table.print_table(terminalreporter)

@@ -6,12 +6,12 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts import selectors, services
+from apps.accounts import access, services
+from apps.accounts.access import Action
 from apps.accounts.models import ApiToken, Membership, Role, Team
 from apps.accounts.serializers import (
     MembershipSerializer,
@@ -33,12 +33,12 @@ User = get_user_model()
 
 class IsSiteAdmin(permissions.BasePermission):
     def has_permission(self, request: Request, view: object) -> bool:
-        return selectors.is_admin(request.user)
+        return access.can(request.user, Action.ADMINISTER)
 
 
 class AdminWritesOnly(permissions.BasePermission):
     def has_permission(self, request: Request, view: object) -> bool:
-        return request.method in permissions.SAFE_METHODS or selectors.is_admin(request.user)
+        return request.method in permissions.SAFE_METHODS or access.can(request.user, Action.ADMINISTER)
 
 
 def _token_payload(token: ApiToken, secret: str) -> dict:
@@ -78,7 +78,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
     serializer_class = TokenSerializer
 
     def get_queryset(self):
-        return selectors.tokens_of(self.request.user)
+        return access.restrict(ApiToken.objects.all(), self.request.user)
 
     @extend_schema(request=TokenCreateSerializer, responses={201: NewTokenSerializer})
     def create(self, request: Request) -> Response:
@@ -111,7 +111,8 @@ class UserViewSet(viewsets.ModelViewSet):
     lookup_value_regex = r"[\w.@+-]+"
 
     def get_queryset(self):
-        return selectors.users_visible_to(self.request.user).prefetch_related("memberships__team")
+        return access.restrict(User.objects.order_by("username"), self.request.user).prefetch_related(
+            "memberships__team")
 
     def perform_create(self, serializer: UserSerializer) -> None:
         with transaction.atomic():
@@ -149,7 +150,7 @@ class TeamViewSet(viewsets.ModelViewSet):
     lookup_field = "slug"
 
     def get_queryset(self):
-        return selectors.teams_visible_to(self.request.user)
+        return access.restrict(Team.objects.all(), self.request.user)
 
     def perform_create(self, serializer: TeamSerializer) -> None:
         serializer.instance = services.team_create(
@@ -179,12 +180,11 @@ class TeamViewSet(viewsets.ModelViewSet):
 
 
 def visible_team(request: Request, slug: str) -> Team:
-    return get_object_or_404(selectors.teams_visible_to(request.user), slug=slug)
+    return get_object_or_404(access.restrict(Team.objects.all(), request.user), slug=slug)
 
 
-def require_manager(request: Request, team: Team) -> None:
-    if not selectors.has_role(request.user, team, Role.MANAGER):
-        raise PermissionDenied("Only the team's managers and site admins may change its members.")
+def visible_memberships(request: Request, team: Team):
+    return access.restrict(Membership.objects.filter(team=team), request.user).select_related("user")
 
 
 class TeamMembersView(APIView):
@@ -195,12 +195,12 @@ class TeamMembersView(APIView):
     @extend_schema(responses=MembershipSerializer(many=True))
     def get(self, request: Request, slug: str) -> Response:
         team = visible_team(request, slug)
-        return Response(MembershipSerializer(selectors.memberships_visible_to(request.user, team), many=True).data)
+        return Response(MembershipSerializer(visible_memberships(request, team), many=True).data)
 
     @extend_schema(request=MembershipWriteSerializer, responses={201: MembershipSerializer})
     def post(self, request: Request, slug: str) -> Response:
         team = visible_team(request, slug)
-        require_manager(request, team)
+        access.require(request.user, Action.MANAGE_MEMBERS, team)  # before reading the body: 403, not 400
         form = MembershipWriteSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         membership = services.membership_set(
@@ -217,7 +217,7 @@ class TeamMemberView(APIView):
     serializer_class = MembershipSerializer
     def _membership(self, request: Request, slug: str, username: str) -> Membership:
         team = visible_team(request, slug)
-        return get_object_or_404(selectors.memberships_visible_to(request.user, team), user__username=username)
+        return get_object_or_404(visible_memberships(request, team), user__username=username)
 
     @extend_schema(responses=MembershipSerializer)
     def get(self, request: Request, slug: str, username: str) -> Response:
@@ -226,7 +226,7 @@ class TeamMemberView(APIView):
     @extend_schema(request=RoleSerializer, responses=MembershipSerializer)
     def patch(self, request: Request, slug: str, username: str) -> Response:
         membership = self._membership(request, slug, username)
-        require_manager(request, membership.team)
+        access.require(request.user, Action.MANAGE_MEMBERS, membership.team)  # before reading the body
         form = RoleSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         membership = services.membership_set(
@@ -237,6 +237,5 @@ class TeamMemberView(APIView):
 
     def delete(self, request: Request, slug: str, username: str) -> Response:
         membership = self._membership(request, slug, username)
-        require_manager(request, membership.team)
         services.membership_remove(membership=membership, actor=request.user, request=request._request)
         return Response(status=status.HTTP_204_NO_CONTENT)

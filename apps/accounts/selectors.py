@@ -1,68 +1,47 @@
-"""Who may see and do what. Every API view and consumer restricts its querysets through these."""
+"""Querysets of the accounts app, read through the access policy (apps/accounts/access.py), which decides."""
 
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from apps.accounts.models import ROLE_RANK, ApiToken, Membership, Role, Team
+from apps.accounts import access
+from apps.accounts.access import AnyUser, is_admin
+from apps.accounts.models import ApiToken, Membership, Role, Team
 
 User = get_user_model()
-AnyUser = AbstractBaseUser | AnonymousUser
+__all__ = ["AnyUser", "has_role", "is_admin", "memberships_visible_to", "role_in_team", "teams_visible_to",
+           "teams_with_role", "tokens_of", "users_visible_to"]
 
-
-def is_admin(user: AnyUser) -> bool:
-    return bool(user.is_authenticated and user.is_active and user.is_staff)
+# The least role that each action of `teams_with_role` stands for.
+_ACTION_OF_ROLE = {Role.VIEWER: access.Action.VIEW, Role.MEMBER: access.Action.SUBMIT,
+                   Role.MANAGER: access.Action.MANAGE_MEMBERS}
 
 
 def role_in_team(user: AnyUser, team: Team) -> Role | None:
-    if not user.is_authenticated:
-        return None
-    role = Membership.objects.filter(user=user, team=team).values_list("role", flat=True).first()
-    return Role(role) if role else None
+    return access.role_in_team(user, team.pk)
 
 
 def has_role(user: AnyUser, team: Team, minimum: Role) -> bool:
     """Admins have every role; others need a membership of at least `minimum`."""
-    if is_admin(user):
-        return True
-    role = role_in_team(user, team)
-    return role is not None and ROLE_RANK[role] >= ROLE_RANK[minimum]
+    return access.can(user, _ACTION_OF_ROLE[Role(minimum)], team)
 
 
 def teams_visible_to(user: AnyUser) -> QuerySet[Team]:
-    if is_admin(user):
-        return Team.objects.all()
-    if not user.is_authenticated:
-        return Team.objects.none()
-    return Team.objects.filter(memberships__user=user).distinct()
+    return access.restrict(Team.objects.all(), user, access.Action.VIEW)
 
 
 def teams_with_role(user: AnyUser, minimum: Role) -> QuerySet[Team]:
-    if is_admin(user):
-        return Team.objects.all()
-    if not user.is_authenticated:
-        return Team.objects.none()
-    roles = [role for role, rank in ROLE_RANK.items() if rank >= ROLE_RANK[minimum]]
-    return Team.objects.filter(memberships__user=user, memberships__role__in=roles).distinct()
+    return access.restrict(Team.objects.all(), user, _ACTION_OF_ROLE[Role(minimum)])
 
 
 def users_visible_to(user: AnyUser) -> QuerySet:
-    if is_admin(user):
-        return User.objects.all().order_by("username")
-    if not user.is_authenticated:
-        return User.objects.none()
-    return User.objects.filter(pk=user.pk).order_by("username")
+    return access.restrict(User.objects.all(), user, access.Action.VIEW).order_by("username")
 
 
 def memberships_visible_to(user: AnyUser, team: Team) -> QuerySet[Membership]:
-    if not teams_visible_to(user).filter(pk=team.pk).exists():
-        return Membership.objects.none()
-    return Membership.objects.filter(team=team).select_related("user")
+    return access.restrict(Membership.objects.filter(team=team), user, access.Action.VIEW).select_related("user")
 
 
 def tokens_of(user: AnyUser) -> QuerySet[ApiToken]:
-    if not user.is_authenticated:
-        return ApiToken.objects.none()
-    return ApiToken.objects.filter(user=user)
+    return access.restrict(ApiToken.objects.all(), user, access.Action.VIEW)

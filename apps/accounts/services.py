@@ -11,7 +11,7 @@ from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
-from apps.accounts import tokens
+from apps.accounts import access, tokens
 from apps.accounts.models import ApiToken, Membership, Role, Team
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
@@ -93,6 +93,8 @@ def token_user_id_cached(secret: str) -> int | None:
 def membership_set(
     *, team: Team, user: AbstractBaseUser, role: Role, actor: AbstractBaseUser, request: HttpRequest | None = None
 ) -> Membership:
+    """Give `user` the role in the team (the team's managers and site admins)."""
+    access.require(actor, access.Action.MANAGE_MEMBERS, team)
     with transaction.atomic():
         membership, created = Membership.objects.select_for_update().get_or_create(
             team=team, user=user, defaults={"role": role}
@@ -131,6 +133,7 @@ def notify_access_changed(user_id: int) -> None:
 
 
 def membership_remove(*, membership: Membership, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
+    access.require(actor, access.Action.MANAGE_MEMBERS, membership)
     with transaction.atomic():
         notify_access_changed(membership.user_id)
         target = f"{membership.user.get_username()} in {membership.team.slug}"

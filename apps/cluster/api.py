@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from rest_framework import viewsets
 
-from apps.cluster.selectors import hosts_visible_to
+from apps.accounts import access
+from apps.cluster.models import Host
 from apps.cluster.serializers import HostSerializer
 
 
@@ -15,4 +16,4 @@ class HostViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["state", "simulated"]
 
     def get_queryset(self):
-        return hosts_visible_to(self.request.user)
+        return access.restrict(Host.objects.prefetch_related("gpus"), self.request.user)

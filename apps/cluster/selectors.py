@@ -6,15 +6,14 @@ from dataclasses import dataclass, field
 from django.db import connection
 from django.db.models import QuerySet
 
-from apps.accounts.selectors import AnyUser, is_admin, teams_visible_to
+from apps.accounts import access
+from apps.accounts.access import AnyUser
 from apps.cluster.models import GPU, Host
 
 
 def hosts_visible_to(user: AnyUser) -> QuerySet[Host]:
     """Admins and anyone with a role in some team see the cluster's hosts; others see nothing."""
-    if is_admin(user) or teams_visible_to(user).exists():
-        return Host.objects.prefetch_related("gpus")
-    return Host.objects.none()
+    return access.restrict(Host.objects.prefetch_related("gpus"), user, access.Action.VIEW)
 
 
 def known_gpu_types() -> set[str]:

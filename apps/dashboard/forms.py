@@ -276,11 +276,6 @@ class ServiceCreateForm(forms.Form):
         data.pop("team")
         return data
 
-    def add_spec_errors(self, errors: dict[str, object]) -> None:
-        for key, value in errors.items():
-            for msg in _as_list(value):
-                self.add_error(key if key in self.fields else None, str(msg) if key in self.fields else f"{key}: {msg}")
-
 
 class ServiceScaleForm(forms.Form):
     min_replicas = forms.IntegerField(min_value=0, max_value=64, label="Min replicas")
@@ -296,8 +291,3 @@ class ServiceScaleForm(forms.Form):
         if low is not None and high is not None and low > high:
             self.add_error("min_replicas", "Min replicas may not exceed max replicas.")
         return data
-
-    def add_spec_errors(self, errors: dict[str, object]) -> None:
-        for key, value in errors.items():
-            for msg in _as_list(value):
-                self.add_error(key if key in self.fields else None, str(msg) if key in self.fields else f"{key}: {msg}")

@@ -1,4 +1,4 @@
-"""Read-side helpers for the console pages. Permissions always come from the apps' own selectors."""
+"""Read-side helpers for the console pages. Who sees what is decided by apps/accounts/access.py."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ from typing import Any
 from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
-from apps.accounts.models import Role, Team
-from apps.accounts.selectors import AnyUser, is_admin
+from apps.accounts import access
+from apps.accounts.access import Action, AnyUser
 from apps.cluster.models import GPU, Host
-from apps.cluster.selectors import hosts_visible_to
 from apps.jobs.models import Job, JobAllocation
-from apps.jobs.selectors import jobs_visible_to
 from apps.telemetry.models import Alert, GpuSampleBucket
 
 SPARKLINE_SECONDS = 5 * 60
@@ -24,9 +22,9 @@ SPARKLINE_SECONDS = 5 * 60
 class GpuCell:
     gpu: GPU
     host: Host
-    job_id: int | None = None
-    job_visible: bool = False
+    job_id: int | None = None  # the first job on the GPU the user may see
     team: str | None = None
+    other_team: bool = False  # another team's job is on it too (or only): shown busy, never named
     utilization: float | None = None
     memory_used_mb: int | None = None
     memory_total_mb: int | None = None
@@ -36,7 +34,7 @@ class GpuCell:
 
     @property
     def busy(self) -> bool:
-        return self.job_id is not None
+        return self.job_id is not None or self.other_team
 
     @property
     def status(self) -> str:
@@ -55,19 +53,18 @@ class Overview:
 
 
 def cluster_overview(user: AnyUser) -> Overview:
-    """Every host and GPU the user may see, with its job, team and latest telemetry; in a fixed number of queries."""
-    hosts = list(hosts_visible_to(user).order_by("name"))
+    """Every host and GPU the user may see, with its jobs and latest telemetry; in a fixed number of queries.
+
+    What it shows of other teams is what the live stream shows the same user (access.visible_gpu, visible_queue).
+    """
+    hosts = list(access.restrict(Host.objects.prefetch_related("gpus"), user).order_by("name"))
     if not hosts:
         return Overview(hosts=[])
-    active = {
-        gpu_id: (job_id, team)
-        for gpu_id, job_id, team in JobAllocation.objects.filter(released_at__isnull=True).values_list(
-            "gpu_id", "job_id", "job__team__slug"
-        )
-    }
-    visible_job_ids = set(
-        jobs_visible_to(user).filter(pk__in={job_id for job_id, _ in active.values()}).values_list("pk", flat=True)
-    )
+    viewer = access.viewer(user)
+    on_gpu: dict[int, list[dict[str, Any]]] = {}
+    for gpu_id, job_id, team in JobAllocation.objects.filter(released_at__isnull=True).order_by(
+            "job_id").values_list("gpu_id", "job_id", "job__team__slug"):
+        on_gpu.setdefault(gpu_id, []).append({"job": job_id, "team": team})
     since = timezone.now() - timedelta(seconds=SPARKLINE_SECONDS)
     latest: dict[int, dict[str, Any]] = {}
     history: dict[int, list[list[Any]]] = {}
@@ -91,11 +88,13 @@ def cluster_overview(user: AnyUser) -> Overview:
     overview = Overview(hosts=[])
     for host in hosts:
         cells = []
-        for gpu in host.gpus.all():  # prefetched by hosts_visible_to
-            job_id, team = active.get(gpu.pk, (None, None))
+        for gpu in host.gpus.all():  # prefetched above
+            jobs = on_gpu.get(gpu.pk, [])
+            seen = access.visible_gpu({"job": jobs[0]["job"] if jobs else None,
+                                       "team": jobs[0]["team"] if jobs else None, "jobs": jobs}, viewer)
             row = latest.get(gpu.pk, {})
             cell = GpuCell(
-                gpu=gpu, host=host, job_id=job_id, job_visible=job_id in visible_job_ids, team=team,
+                gpu=gpu, host=host, job_id=seen["job"], team=seen["team"], other_team=seen.get("other_team", False),
                 utilization=row.get("utilization_avg"), memory_used_mb=row.get("memory_used_max_mb"),
                 memory_total_mb=row.get("memory_total_mb") or gpu.memory_mb, temperature=row.get("temperature_max"),
                 power_w=row.get("power_avg_w"),
@@ -111,32 +110,15 @@ def cluster_overview(user: AnyUser) -> Overview:
                 overview.history[gpu.uuid] = history[gpu.pk]
             cells.append(cell)
         overview.hosts.append((host, cells))
-    overview.queue = dict(
+    overview.queue = access.visible_queue(dict(
         Job.objects.filter(state=Job.State.QUEUED).values_list("team__slug").annotate(n=Count("id")).order_by(
             "team__slug")
-    )
+    ), viewer)
     overview.active_alerts = alerts_visible_to(user).filter(state=Alert.State.FIRING).count()
     return overview
 
 
-def alerts_visible_to(user: AnyUser) -> QuerySet[Alert]:
+def alerts_visible_to(user: AnyUser, action: Action = Action.VIEW) -> QuerySet[Alert]:
     """Admins see every alert; others their teams' alerts and the cluster's hardware alerts (no team)."""
-    from apps.telemetry import selectors as telemetry_selectors
-
-    return telemetry_selectors.alerts_visible_to(user).select_related("acknowledged_by")
-
-
-def can_acknowledge(user: AnyUser, alert: Alert) -> bool:
-    """Admins, and the managers of the alert's team."""
-    from apps.telemetry import selectors as telemetry_selectors
-
-    return telemetry_selectors.can_acknowledge(user, alert)
-
-
-def acknowledgeable_team_ids(user: AnyUser) -> set[int] | None:
-    """Team ids whose alerts the user may acknowledge; None means every alert (admins)."""
-    if is_admin(user):
-        return None
-    return set(
-        Team.objects.filter(memberships__user=user, memberships__role=Role.MANAGER).values_list("pk", flat=True)
-    )
+    alerts = Alert.objects.select_related("rule", "host", "gpu__host", "job", "team", "acknowledged_by")
+    return access.restrict(alerts, user, action)

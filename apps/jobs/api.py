@@ -8,14 +8,13 @@ from django.http import FileResponse, Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, Throttled
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts import access
 from apps.core.schema import ErrorSerializer
 from apps.jobs import selectors, services
-from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError, JobStateError
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.serializers import (
     CancelSerializer,
@@ -74,24 +73,17 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def get_queryset(self):
         allocations = JobAllocation.objects.select_related("gpu__host").order_by("gpu__host__name", "gpu__index")
-        return selectors.jobs_visible_to(self.request.user).prefetch_related(
-            Prefetch("allocations", queryset=allocations)
-        )
+        jobs = Job.objects.select_related("team", "user").prefetch_related(Prefetch("allocations", queryset=allocations))
+        return access.restrict(jobs, self.request.user)
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 429: ErrorSerializer})
     def create(self, request: Request) -> Response:
         form = JobSubmitSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            job = services.job_submit(
-                user=request.user, spec=services.JobSpec(**form.to_spec_fields()), request=request._request
-            )
-        except JobSpecError as exc:
-            raise serializers.ValidationError(exc.errors) from None
-        except JobPermissionError as exc:
-            raise PermissionDenied(str(exc)) from None
-        except JobRateLimited as exc:
-            raise Throttled(wait=60, detail=str(exc)) from None
+        # A refusal (400 naming the field, 403, 429) is answered by apps.core.api.exception_handler.
+        job = services.job_submit(
+            user=request.user, spec=services.JobSpec(**form.to_spec_fields()), request=request._request
+        )
         # The job as created (reading it back through the visibility query cost a quarter of the request).
         return Response(submitted_job_data(job), status=status.HTTP_201_CREATED)
 
@@ -101,13 +93,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         form = CancelSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            services.job_cancel(job=job, actor=request.user, reason=form.validated_data["reason"],
-                                request=request._request)
-        except JobPermissionError as exc:
-            raise PermissionDenied(str(exc)) from None
-        except JobStateError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        services.job_cancel(job=job, actor=request.user, reason=form.validated_data["reason"],
+                            request=request._request)  # 403 unless it may, 409 when already finished
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     @extend_schema(responses=JobEventSerializer(many=True))

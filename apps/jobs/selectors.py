@@ -2,26 +2,18 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from apps.accounts.models import Role
-from apps.accounts.selectors import AnyUser, has_role, is_admin, teams_visible_to
+from apps.accounts import access
+from apps.accounts.access import AnyUser
 from apps.jobs.models import Job, JobEvent
 
 
 def jobs_visible_to(user: AnyUser) -> QuerySet[Job]:
-    """Admins see every job; others see the jobs of teams they hold any role in; nobody else sees anything."""
-    jobs = Job.objects.select_related("team", "user")
-    if is_admin(user):
-        return jobs
-    if not user.is_authenticated:
-        return jobs.none()
-    return jobs.filter(team__in=teams_visible_to(user))
+    """The jobs the user may see (apps/accounts/access.py decides)."""
+    return access.restrict(Job.objects.select_related("team", "user"), user, access.Action.VIEW)
 
 
 def can_cancel(user: AnyUser, job: Job) -> bool:
-    """Managers (and admins) act on any job of their team; members on their own jobs."""
-    if has_role(user, job.team, Role.MANAGER):
-        return True
-    return job.user_id == user.pk and has_role(user, job.team, Role.MEMBER)
+    return access.can(user, access.Action.CANCEL, job)
 
 
 def job_events(job: Job) -> QuerySet[JobEvent]:

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts import access
 from apps.accounts.api import visible_team
-from apps.accounts.selectors import is_admin
 from apps.quotas import services
 from apps.quotas.serializers import TeamQuotaSerializer
 
@@ -22,8 +21,7 @@ class TeamQuotaView(APIView):
 
     def _write(self, request: Request, slug: str, partial: bool) -> Response:
         team = visible_team(request, slug)
-        if not is_admin(request.user):
-            raise PermissionDenied("Only site admins may change quotas.")
+        access.require(request.user, access.Action.CHANGE_QUOTA, team)  # before reading the body: 403, not 400
         form = TeamQuotaSerializer(services.quota_ensure(team), data=request.data, partial=partial)
         form.is_valid(raise_exception=True)
         quota = services.quota_update(

@@ -6,7 +6,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.http import HttpRequest
 
+from apps.accounts import access
 from apps.accounts.models import Team
+from apps.core.errors import DomainError
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from apps.quotas.models import QuotaRequest, TeamQuota
@@ -31,6 +33,7 @@ def quota_lock(team: Team) -> TeamQuota:
 def quota_update(
     *, team: Team, changes: dict[str, Any], actor: AbstractBaseUser, request: HttpRequest | None = None
 ) -> TeamQuota:
+    access.require(actor, access.Action.CHANGE_QUOTA, team)
     with transaction.atomic():
         quota = quota_lock(team)
         before = {name: _plain(getattr(quota, name)) for name in QUOTA_FIELDS}
@@ -68,8 +71,18 @@ def _plain(value: Any) -> Any:
 # --- quota requests
 
 
-class QuotaRequestError(Exception):
+class QuotaRequestError(DomainError):
     """The request does not apply: nothing asked for, already decided, or the actor may not decide it."""
+
+
+class QuotaRequestDecided(QuotaRequestError):
+    status = 409
+
+
+class QuotaRequestDenied(QuotaRequestError, access.AccessDenied):
+    """The actor may not ask for (or decide) this team's quota."""
+
+    status = 403
 
 
 def quota_request_create(
@@ -81,7 +94,8 @@ def quota_request_create(
     gpu_hours_per_month: Any = None,
     request: HttpRequest | None = None,
 ) -> QuotaRequest:
-    """A manager (or admin) asks for more quota. The caller checks the manager role (through has_role)."""
+    """A manager (or admin) asks for more quota."""
+    access.require(requested_by, access.Action.REQUEST_QUOTA, team, error=QuotaRequestDenied)
     if max_gpus is None and gpu_hours_per_month is None:
         raise QuotaRequestError("Ask for more GPUs, more GPU-hours, or both.")
     if not reason.strip():
@@ -110,12 +124,11 @@ def quota_request_decide(
     """Approve (applying the change through quota_update) or reject a pending request. Site admins only."""
     from django.utils import timezone
 
-    if not (actor.is_active and actor.is_staff):
-        raise QuotaRequestError("Only site admins may approve or reject quota requests.")
+    access.require(actor, access.Action.DECIDE_QUOTA, quota_request, error=QuotaRequestDenied)
     with transaction.atomic():
         locked = QuotaRequest.objects.select_for_update().select_related("team").get(pk=quota_request.pk)
         if locked.state != QuotaRequest.State.PENDING:
-            raise QuotaRequestError(f"Quota request {locked.pk} is already {locked.state}.")
+            raise QuotaRequestDecided(f"Quota request {locked.pk} is already {locked.state}.")
         if approve:
             changes: dict[str, Any] = {}
             if locked.max_gpus is not None:

@@ -3,14 +3,13 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.accounts.selectors import teams_visible_to
+from apps.accounts import access
+from apps.accounts.models import Team
 from apps.core.serializers import RejectUnknownFieldsMixin
-from apps.jobs.errors import JobPermissionError, JobSpecError
-from apps.serving import selectors, services
+from apps.serving import services
 from apps.serving.models import InferenceService, ServiceEvent
 
 
@@ -78,26 +77,18 @@ class ServiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     filterset_fields = ["state"]
 
     def get_queryset(self):
-        return selectors.services_visible_to(self.request.user)
-
-    def _run(self, call):
-        try:
-            return call()
-        except JobSpecError as exc:
-            raise serializers.ValidationError(exc.errors) from None
-        except JobPermissionError as exc:
-            raise PermissionDenied(str(exc)) from None
+        live = InferenceService.objects.exclude(state=InferenceService.State.DELETED).select_related("team", "owner")
+        return access.restrict(live, self.request.user)
 
     @extend_schema(request=ServiceCreateSerializer, responses={201: ServiceSerializer})
     def create(self, request: Request) -> Response:
         form = ServiceCreateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = dict(form.validated_data)
-        team = teams_visible_to(request.user).filter(slug=data.pop("team")).first()
+        team = access.restrict(Team.objects.all(), request.user).filter(slug=data.pop("team")).first()
         if team is None:
             raise serializers.ValidationError({"team": ["You are not a member of that team."]})
-        service = self._run(lambda: services.service_create(user=request.user,
-                                                            spec=services.ServiceSpec(team=team, **data)))
+        service = services.service_create(user=request.user, spec=services.ServiceSpec(team=team, **data))
         return Response(ServiceSerializer(service).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=ServiceScaleSerializer, responses=ServiceSerializer)
@@ -105,13 +96,12 @@ class ServiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         service = self.get_object()
         form = ServiceScaleSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        service = self._run(lambda: services.service_scale(service=service, user=request.user,
-                                                           changes=dict(form.validated_data)))
+        service = services.service_scale(service=service, user=request.user, changes=dict(form.validated_data))
         return Response(ServiceSerializer(service).data)
 
     def destroy(self, request: Request, pk: str | None = None) -> Response:
         service = self.get_object()
-        self._run(lambda: services.service_delete(service=service, user=request.user))
+        services.service_delete(service=service, user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses=ServiceEventSerializer(many=True))

@@ -25,8 +25,9 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from apps.accounts.models import Role, Team
-from apps.accounts.selectors import has_role
+from apps.accounts import access
+from apps.accounts.access import Action
+from apps.accounts.models import Team
 from apps.jobs.errors import JobPermissionError, JobSpecError
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.services import JobSpec, job_release, job_submit
@@ -100,8 +101,8 @@ def _validate(spec: ServiceSpec) -> None:
 
 
 def service_create(*, user: AbstractBaseUser, spec: ServiceSpec) -> InferenceService:
-    if not has_role(user, spec.team, Role.MEMBER):
-        raise JobPermissionError(f"Only members of team {spec.team.slug} may create its services.")
+    access.require(user, Action.SUBMIT, spec.team, f"Only members of team {spec.team.slug} may create its services.",
+                   error=JobPermissionError)
     _validate(spec)
     if InferenceService.objects.filter(team=spec.team, name=spec.name).exclude(
             state=InferenceService.State.DELETED).exists():
@@ -121,8 +122,8 @@ def service_create(*, user: AbstractBaseUser, spec: ServiceSpec) -> InferenceSer
 
 
 def service_scale(*, service: InferenceService, user: AbstractBaseUser, changes: dict[str, Any]) -> InferenceService:
-    if not has_role(user, service.team, Role.MEMBER):
-        raise JobPermissionError("Only the team's members may scale its services.")
+    access.require(user, Action.MANAGE_SERVICE, service, "Only the team's members may scale its services.",
+                   error=JobPermissionError)
     with transaction.atomic():
         service = InferenceService.objects.select_for_update().get(pk=service.pk)
         for name in ("min_replicas", "max_replicas", "target_p95_ms", "target_rps_per_replica"):
@@ -140,8 +141,8 @@ def service_scale(*, service: InferenceService, user: AbstractBaseUser, changes:
 
 
 def service_delete(*, service: InferenceService, user: AbstractBaseUser) -> InferenceService:
-    if not has_role(user, service.team, Role.MEMBER):
-        raise JobPermissionError("Only the team's members may delete its services.")
+    access.require(user, Action.MANAGE_SERVICE, service, "Only the team's members may delete its services.",
+                   error=JobPermissionError)
     with transaction.atomic():
         service = InferenceService.objects.select_for_update().get(pk=service.pk)
         if service.state == InferenceService.State.DELETED:

@@ -17,6 +17,7 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from apps.accounts import access
 from apps.cluster.models import GPU, Host
 from apps.telemetry.models import Alert, AlertRule
 
@@ -235,12 +236,15 @@ def resolve(rule_id: int, subject: str, note: str = "") -> int:
 
 
 def acknowledge(alert: Alert, user: Any) -> bool:
+    """Mark a firing alert acknowledged (site admins, the team's managers); False when it no longer fired."""
+    access.require(user, access.Action.ACK_ALERT, alert)
     return bool(Alert.objects.filter(pk=alert.pk, state=Alert.State.FIRING).update(
         state=Alert.State.ACKNOWLEDGED, acknowledged_at=timezone.now(), acknowledged_by=user))
 
 
 def resolve_by_hand(alert: Alert, user: Any) -> bool:
     """An admin closes an alert (e.g. after replacing a faulty GPU): the GPU takes work again."""
+    access.require(user, access.Action.RESOLVE_ALERT, alert)
     with transaction.atomic():
         changed = Alert.objects.filter(pk=alert.pk).exclude(state=Alert.State.RESOLVED).update(
             state=Alert.State.RESOLVED, resolved_at=timezone.now())

@@ -5,15 +5,15 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts import access
 from apps.accounts.api import IsSiteAdmin
 from apps.cluster.authentication import AgentView
 from apps.core.schema import ErrorSerializer
-from apps.telemetry import alerts, selectors, services, tickets
+from apps.telemetry import alerts, services, tickets
 from apps.telemetry.models import Alert, AlertRule
 from apps.telemetry.serializers import AlertRuleSerializer, AlertSerializer
 
@@ -35,15 +35,14 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     filterset_class = AlertFilter
 
     def get_queryset(self):
-        return selectors.alerts_visible_to(self.request.user)
+        return access.restrict(Alert.objects.select_related("rule", "host", "gpu__host", "job", "team"),
+                               self.request.user)
 
     @extend_schema(request=None, responses=AlertSerializer)
     @action(detail=True, methods=["post"])
     def acknowledge(self, request: Request, pk: str | None = None) -> Response:
         alert = self.get_object()
-        if not selectors.can_acknowledge(request.user, alert):
-            raise PermissionDenied("Only admins and the team's managers acknowledge alerts.")
-        alerts.acknowledge(alert, request.user)
+        alerts.acknowledge(alert, request.user)  # 403 (AccessDenied) unless an admin or the team's manager
         return Response(AlertSerializer(self.get_queryset().get(pk=alert.pk)).data)
 
     @extend_schema(request=None, responses=AlertSerializer)

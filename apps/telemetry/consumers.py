@@ -12,6 +12,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from apps.accounts import access
+from apps.accounts.access import Viewer
 from apps.telemetry.hub import Outgoing, cancel_task, hub
 
 logger = logging.getLogger(__name__)
@@ -19,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 class LiveConsumer(AsyncWebsocketConsumer):
     job_id: int | None = None
+    viewer: Viewer = access.NOBODY
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -78,8 +81,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 await self.send(text_data=text)
 
     async def recheck_access(self, initial: bool = False) -> bool:
-        allowed, is_admin, teams = await self._access()
-        self.is_admin, self.visible_teams = is_admin, teams
+        allowed, self.viewer = await self._access()
         if not allowed:
             await self.close(code=self.refusal_code if initial else 4403)
         return allowed
@@ -87,20 +89,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
     refusal_code = 4403
 
     @database_sync_to_async
-    def _access(self) -> tuple[bool, bool, set[str]]:
+    def _access(self) -> tuple[bool, Viewer]:
+        """May the user still follow this stream, and what of it may they see (apps/accounts/access.py)."""
         from django.contrib.auth import get_user_model
 
-        from apps.accounts.selectors import is_admin, teams_visible_to
-        from apps.jobs.selectors import jobs_visible_to
+        from apps.jobs.models import Job
 
         user = get_user_model().objects.filter(pk=self.user_id, is_active=True).first()
-        if user is None:
-            return False, False, set()
-        admin = is_admin(user)
-        teams = set(teams_visible_to(user).values_list("slug", flat=True))
+        viewer = access.viewer(user)
         if self.job_id is not None:
-            return jobs_visible_to(user).filter(pk=self.job_id).exists(), admin, teams
-        return admin or bool(teams), admin, teams
+            return access.restrict(Job.objects.filter(pk=self.job_id), user).exists(), viewer
+        return viewer.sees_cluster, viewer
 
 
 class ClusterConsumer(LiveConsumer):

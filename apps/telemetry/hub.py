@@ -21,6 +21,8 @@ from asgiref.sync import sync_to_async
 from django.core.cache import cache
 from django.db.models import Count, Q
 
+from apps.accounts.access import Viewer, visible_gpu, visible_queue
+
 logger = logging.getLogger(__name__)
 TICK_S = 1.0
 RECHECK_EVERY_TICKS = 10
@@ -29,9 +31,7 @@ EVENT_QUEUE = 200
 
 
 class Subscriber(Protocol):
-    user_id: int | None
-    is_admin: bool
-    visible_teams: set[str]
+    viewer: Viewer  # what it may see (apps/accounts/access.py decides)
     job_id: int | None  # None: the cluster stream
 
     alive: bool
@@ -108,15 +108,16 @@ class Hub:
         # Sockets that may see the same things get the same frame: built and encoded once per group.
         encoded: dict[tuple[bool, frozenset[str]], str] = {}
         for subscriber in cluster:
-            key = (subscriber.is_admin, frozenset(subscriber.visible_teams))
+            key = subscriber.viewer.audience
             if key not in encoded:
                 encoded[key] = json.dumps({"type": "gpu.sample", "ts": now,
-                                           "gpus": [_visible_sample(g, subscriber) for g in samples]}, default=str)
+                                           "gpus": [visible_gpu(g, subscriber.viewer) for g in samples]},
+                                          default=str)
             subscriber.offer_sample(encoded[key])
         watched = {s.job_id for s in self.subscribers if s.job_id is not None}
         for subscriber in self.subscribers:
             if subscriber.job_id is not None:
-                mine = [_visible_sample(g, subscriber) for g in samples
+                mine = [visible_gpu(g, subscriber.viewer) for g in samples
                         if any(j["job"] == subscriber.job_id for j in g.get("jobs", []))]
                 subscriber.offer_sample({"type": "gpu.sample", "ts": now, "gpus": mine})
         changes = await sync_to_async(self._read_outbox)(watched, bool(cluster))
@@ -181,14 +182,13 @@ class Hub:
 
     def _deliver(self, changes: dict[str, Any]) -> None:
         for subscriber in self.subscribers:
+            viewer = subscriber.viewer
             if subscriber.job_id is None:
                 for job in changes["compact"].values():
-                    if subscriber.is_admin or job["team"] in subscriber.visible_teams:
+                    if viewer.sees_team(job["team"]):
                         subscriber.offer_event({"type": "job.state", "job": job})
                 if changes["queue"]:
-                    subscriber.offer_event({"type": "queue", "teams": {
-                        team: n for team, n in changes["queue"].items()
-                        if subscriber.is_admin or team in subscriber.visible_teams}})
+                    subscriber.offer_event({"type": "queue", "teams": visible_queue(changes["queue"], viewer)})
             else:
                 detail = changes["details"].get(subscriber.job_id)
                 if detail is not None:
@@ -199,8 +199,7 @@ class Hub:
                 if subscriber.job_id in changes["progress"]:
                     subscriber.offer_event(changes["progress"][subscriber.job_id])
             for team, alert in changes["alerts"]:
-                visible = subscriber.is_admin or team is None or team in subscriber.visible_teams
-                if visible and (subscriber.job_id is None or alert["job"] in (None, subscriber.job_id)):
+                if viewer.sees(team) and (subscriber.job_id is None or alert["job"] in (None, subscriber.job_id)):
                     subscriber.offer_event({"type": "alert", "alert": alert})
 
 
@@ -208,22 +207,6 @@ def _host_names() -> list[str]:
     from apps.cluster.models import Host
 
     return list(Host.objects.values_list("name", flat=True))
-
-
-def _visible_sample(gpu: dict[str, Any], subscriber: Any) -> dict[str, Any]:
-    """Another team's job on a GPU shows as busy, without naming the job, the team or its processes."""
-    sample = {k: v for k, v in gpu.items() if k != "processes"}
-    if subscriber.is_admin:
-        return sample
-    mine = [j for j in gpu.get("jobs", []) if j["team"] in subscriber.visible_teams]
-    if len(mine) != len(gpu.get("jobs", [])):
-        sample["jobs"] = mine
-        sample["other_team"] = True
-    if gpu["team"] is not None and gpu["team"] not in subscriber.visible_teams:
-        first = mine[0] if mine else None
-        sample["job"] = first["job"] if first else None
-        sample["team"] = first["team"] if first else None
-    return sample
 
 
 hub = Hub()

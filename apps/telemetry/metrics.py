@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from rest_framework.exceptions import AuthenticationFailed
 
+from apps.accounts import access
 from apps.accounts.authentication import BearerTokenAuthentication
 from apps.cluster.models import GPU, Host
 from apps.jobs.models import Job
@@ -129,7 +130,7 @@ def _allowed(request: HttpRequest) -> bool:
         except AuthenticationFailed:
             found = None
         user = found[0] if found else None
-    return bool(user and user.is_active and user.is_staff)
+    return access.can(user, access.Action.ADMINISTER)
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

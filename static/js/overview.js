@@ -7,7 +7,6 @@
   var cells = {};
   var rings = {};
   var dirty = {};
-  var myTeams = GC.jsonData("my-teams"); /* null: admin, sees every job */
   var history = GC.jsonData("gpu-history") || {};
 
   document.querySelectorAll("li.gpu[data-uuid]").forEach(function (el) {
@@ -31,20 +30,17 @@
   function jobText(el, g) {
     var f = el.querySelector('[data-f="job"]');
     if (!f) { return; }
-    var key = (g.job || "") + "|" + (g.team || "");
+    /* The server names only jobs the user may see (apps/accounts/access.py): another team's is `other_team`. */
+    var key = (g.job || "") + "|" + (g.team || "") + "|" + (g.other_team ? 1 : 0);
     if (f.dataset.key === key) { return; }
     f.dataset.key = key;
     f.textContent = "";
-    if (!g.job) { f.textContent = "idle"; return; }
-    if (myTeams === null || (g.team && myTeams.indexOf(g.team) >= 0)) {
-      var a = document.createElement("a");
-      a.href = "/jobs/" + encodeURIComponent(g.job) + "/";
-      a.textContent = "job " + g.job;
-      f.appendChild(a);
-    } else {
-      f.appendChild(document.createTextNode("a job"));
-    }
-    f.appendChild(document.createTextNode(" · " + (g.team || "")));
+    if (!g.job) { f.textContent = g.other_team ? "another team's job" : "idle"; return; }
+    var a = document.createElement("a");
+    a.href = "/jobs/" + encodeURIComponent(g.job) + "/";
+    a.textContent = "job " + g.job;
+    f.appendChild(a);
+    f.appendChild(document.createTextNode(" · " + (g.team || "") + (g.other_team ? " + another team's job" : "")));
   }
 
   function onSample(msg) {
@@ -52,7 +48,7 @@
     (msg.gpus || []).forEach(function (g) {
       var el = cells[g.uuid];
       var isDown = g.available === false || g.health === "faulty";
-      if (isDown) { down++; } else if (g.job) { busy++; } else { idle++; }
+      if (isDown) { down++; } else if (g.job || g.other_team) { busy++; } else { idle++; }
       if (!el) { return; }
       seen++;
       setField(el, "util", GC.reading(g.utilization_pct, " %"));
@@ -61,7 +57,7 @@
       setField(el, "temp", GC.reading(g.temperature_c, " °C"));
       setField(el, "power", GC.reading(g.power_w, " W"));
       jobText(el, g);
-      var cls = "gpu " + heat(g.utilization_pct) + " status-" + (isDown ? "down" : g.job ? "busy" : "idle");
+      var cls = "gpu " + heat(g.utilization_pct) + " status-" + (isDown ? "down" : g.job || g.other_team ? "busy" : "idle");
       if (el.className !== cls) { el.className = cls; }
       var head = el.querySelector(".gpu-head .health");
       if (g.health && g.health !== "ok") {

@@ -79,7 +79,7 @@ def test_database_outage_answers_503(world, client_for, monkeypatch):
     def broken(*args, **kwargs):
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(api.selectors, "jobs_visible_to", broken)
+    monkeypatch.setattr(api.access, "restrict", broken)
     response = client_for(world.member).get("/api/v1/jobs/")
     assert response.status_code == 503 and "unavailable" in response.json()["detail"]
 

@@ -17,24 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests import fault_table
 from tests.integration.live import free_port, wait_until
-
-FAULT_ROWS: list[tuple[str, str, str, str]] = []
 
 
 def record_fault(fault: str, outcome: str, recovery_s: float | None, jobs_lost: int) -> None:
-    """One row of the fault table printed at the end of the run (and asked for in the reliability issue)."""
-    FAULT_ROWS.append((fault, outcome, "-" if recovery_s is None else f"{recovery_s:.1f} s", str(jobs_lost)))
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if not FAULT_ROWS:
-        return
-    terminalreporter.section("fault table")
-    terminalreporter.write_line("| fault | what happened | recovery | jobs lost |")
-    terminalreporter.write_line("|---|---|---|---|")
-    for row in FAULT_ROWS:
-        terminalreporter.write_line("| " + " | ".join(row) + " |")
+    """One row of the fault table printed at the end of the run (tests/fault_table.py)."""
+    fault_table.record(fault, outcome, recovery_s, jobs_lost)
 
 
 @dataclass

@@ -58,6 +58,17 @@ def gone(pid: int) -> bool:
         return True
 
 
+def worker_index() -> int:
+    """This pytest-xdist worker's number (gw0 → 0), 0 without xdist: each worker's clusters get their own
+    databases and Redis databases, so workers running side by side never share state."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker.removeprefix("gw") or 0)
+
+
+def worker_suffix() -> str:
+    return f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
+
+
 def _fresh_postgres(url: str, name: str) -> str:
     import psycopg
 
@@ -110,15 +121,15 @@ class LiveCluster:
         )
         env.update(self.extra_env)
         if env.get("DATABASE_URL", "").startswith("postgres"):
-            env["DATABASE_URL"] = _fresh_postgres(env["DATABASE_URL"], "console_integration")
+            env["DATABASE_URL"] = _fresh_postgres(env["DATABASE_URL"], f"console_integration{worker_suffix()}")
         else:
             env.pop("DATABASE_URL", None)
         if env.get("CELERY_BROKER_URL", "").startswith("redis"):
-            env["CELERY_BROKER_URL"] = _fresh_redis(env["CELERY_BROKER_URL"], 5)
+            env["CELERY_BROKER_URL"] = _fresh_redis(env["CELERY_BROKER_URL"], 5 + 2 * worker_index())
         else:
             env["CELERY_BROKER_URL"] = "filesystem://"
         if env.get("REDIS_URL"):
-            env["REDIS_URL"] = _fresh_redis(env["REDIS_URL"], 6)
+            env["REDIS_URL"] = _fresh_redis(env["REDIS_URL"], 6 + 2 * worker_index())
         self.env = env
         self.manage("migrate", "--noinput")
         self.manage("bootstrap_console", "--agent-host", "", "--demo-team", "")
