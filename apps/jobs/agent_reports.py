@@ -13,12 +13,9 @@ from apps.cluster.models import Host
 from apps.jobs.dispatch import job_hosts, send_stop_after_commit
 from apps.jobs.lifecycle import finish, job_host_lost, lock_job, preempt_and_requeue, transition
 from apps.jobs.models import Job, JobAllocation, JobLogChunk
-from workers.protocol import JobStatus
+from workers.protocol import JobStatus, ServingProgress, TrainingProgress, decode_progress_message
 
 State = Job.State
-
-
-RUNTIME_INFO_KEYS = ("isolation", "isolation_uid", "isolation_note", "gpu_share", "gpu_memory_limit_mb", "limits")
 
 
 class AgentReportError(Exception):
@@ -56,17 +53,14 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
                 return job, False
             results[node] = {"state": "running", "host": host.name}
             fields: dict[str, Any] = {"node_results": results}
-            reported = {key: status.details[key] for key in RUNTIME_INFO_KEYS if key in status.details}
-            if "limits" in reported:
-                reported["limits"] = _reported_limits(reported["limits"])
-            if isinstance(reported.get("isolation_note"), str):
-                reported["isolation_note"] = reported["isolation_note"][:500]
+            details = status.running_details()  # only what the console can use of the agent's report
+            reported = details.runtime_info()
             if reported:
                 fields["runtime_info"] = {**job.runtime_info, **reported}
             Job.objects.filter(pk=job.pk).update(**fields)
             if job.state == State.PLACED:
                 transition(job, State.RUNNING, f"process started on {host.name}", at=now, started_at=now,
-                           data=status.details)
+                           data=details.to_details())
             return job, True
         if results.get(node, {}).get("state") not in (None, "running"):
             return job, False
@@ -93,18 +87,6 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
         return job, True
 
 
-_LIMIT_KEYS = {"applied": bool, "reason": str, "cgroup": str, "cpus": (int, float), "memory_gb": (int, float),
-               "pids": int, "devices": str}
-
-
-def _reported_limits(value: Any) -> dict[str, Any] | None:
-    """What the host says of a job's cgroup limits (runtime_info.limits): the known keys, scalar values only."""
-    if not isinstance(value, dict):
-        return None
-    return {key: (item[:300] if isinstance(item, str) else item) for key, item in value.items()
-            if key in _LIMIT_KEYS and (item is None or isinstance(item, _LIMIT_KEYS[key]))}
-
-
 def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
     """Append output to the job's log, capped at JOBS_LOG_MAX_CHARS. Returns the log's size."""
 
@@ -127,17 +109,17 @@ def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
 def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
     with transaction.atomic():
         job = _job_for_host(job_id, host, attempt)
-        if progress.get("type") == "serving":
-            port = progress.get("port")
+        # The job wrote it: malformed fields are dropped. A report without a type is training progress.
+        record = decode_progress_message(progress) if "type" in progress else TrainingProgress.from_message(progress)
+        if isinstance(record, ServingProgress):
             # Only the port comes from the job; the address is the reporting host's registered one. The
             # serving reconciler builds the URL it calls again from the placement's host and this port.
-            if type(port) is int and 0 < port < 65536:
-                address = host.address or host.name
-                Job.objects.filter(pk=job.pk).update(
-                    runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{port}", "port": port,
-                                  "attempt": attempt})
-            return
-        _record_training_progress(job, progress)
+            address = host.address or host.name
+            Job.objects.filter(pk=job.pk).update(
+                runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{record.port}",
+                              "port": record.port, "attempt": attempt})
+        elif isinstance(record, TrainingProgress):
+            _record_training_progress(job, record)
 
 
 def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
@@ -145,19 +127,18 @@ def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
     with transaction.atomic():
         locked = lock_job(job.pk)
         if locked is not None and locked.state == State.RUNNING and locked.attempts == job.attempts:
-            _record_training_progress(locked, progress)
+            _record_training_progress(locked, TrainingProgress.from_message(progress))
 
 
-def _record_training_progress(job: Job, progress: dict[str, Any]) -> None:
+def _record_training_progress(job: Job, progress: TrainingProgress) -> None:
     fields: dict[str, Any] = {}
-    if isinstance(progress.get("step"), int) and progress["step"] >= 0:
-        fields["steps_done"] = progress["step"]
+    if progress.step is not None:
+        fields["steps_done"] = progress.step
         fields["progress_at"] = timezone.now()
-    for source, target in [("steps_per_s", "steps_per_second"), ("samples_per_s", "samples_per_second"),
-                           ("loss", "last_loss")]:
-        value = progress.get(source)
-        if isinstance(value, int | float) and value == value and abs(value) < 1e30:
-            fields[target] = float(value)
+    for value, target in [(progress.steps_per_s, "steps_per_second"),
+                          (progress.samples_per_s, "samples_per_second"), (progress.loss, "last_loss")]:
+        if value is not None:
+            fields[target] = value
     if fields:
         Job.objects.filter(pk=job.pk).update(**fields)
 

@@ -15,7 +15,6 @@ The reapers and host liveness, which meet cluster and telemetry, live above in a
 from __future__ import annotations
 
 from apps.jobs.agent_reports import (
-    RUNTIME_INFO_KEYS,
     AgentReportError,
     job_append_log,
     job_record_own_progress,
@@ -41,7 +40,7 @@ from apps.jobs.placement import job_place, jobs_set_pending_info
 from apps.jobs.submission import MIN_DEFAULT_CPUS, MIN_DEFAULT_MEMORY_GB, JobSpec, default_preset, job_submit
 
 __all__ = [
-    "ACTIVE_STATES", "MIN_DEFAULT_CPUS", "MIN_DEFAULT_MEMORY_GB", "RUNTIME_INFO_KEYS", "TRANSITIONS",
+    "ACTIVE_STATES", "MIN_DEFAULT_CPUS", "MIN_DEFAULT_MEMORY_GB", "TRANSITIONS",
     "AgentReportError", "JobSpec", "default_preset", "dispatch_messages", "job_append_log", "job_cancel",
     "job_finish", "job_host_lost", "job_mark_running", "job_place", "job_preempt", "job_record_own_progress",
     "job_record_progress", "job_release", "job_report_status", "job_submit", "jobs_missing_on_host",
