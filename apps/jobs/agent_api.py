@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -33,21 +33,16 @@ class ProgressSerializer(serializers.Serializer):
     progress = serializers.DictField()
 
 
-def _rejected(exc: Exception) -> Response:
-    return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-
-
+# A report that does not apply (another host's job, an older attempt) is an AgentReportError: a 409 from the
+# API's exception handler.
 class JobStatusView(AgentView):
     @extend_schema(request=StatusSerializer, responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request, job_id: int) -> Response:
         form = StatusSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            job, counted = services.job_report_status(
-                host=request.auth, job_id=job_id, status=JobStatus(**form.validated_data)
-            )
-        except services.AgentReportError as exc:
-            return _rejected(exc)
+        job, counted = services.job_report_status(
+            host=request.auth, job_id=job_id, status=JobStatus(**form.validated_data)
+        )
         return Response({"state": job.state, "accepted": counted})
 
 
@@ -56,10 +51,7 @@ class JobLogView(AgentView):
     def post(self, request: Request, job_id: int) -> Response:
         form = LogSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            size = services.job_append_log(host=request.auth, job_id=job_id, **form.validated_data)
-        except services.AgentReportError as exc:
-            return _rejected(exc)
+        size = services.job_append_log(host=request.auth, job_id=job_id, **form.validated_data)
         return Response({"size": size})
 
 
@@ -68,8 +60,5 @@ class JobProgressView(AgentView):
     def post(self, request: Request, job_id: int) -> Response:
         form = ProgressSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            services.job_record_progress(host=request.auth, job_id=job_id, **form.validated_data)
-        except services.AgentReportError as exc:
-            return _rejected(exc)
+        services.job_record_progress(host=request.auth, job_id=job_id, **form.validated_data)
         return Response({"ok": True})

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.cluster.models import Host
+from apps.core.errors import WrongState
 from apps.jobs.dispatch import job_hosts, send_stop_after_commit
 from apps.jobs.lifecycle import finish, job_host_lost, lock_job, preempt_and_requeue, transition
 from apps.jobs.models import Job, JobAllocation, JobLogChunk
@@ -18,8 +19,8 @@ from workers.protocol import JobStatus, ServingProgress, TrainingProgress, decod
 State = Job.State
 
 
-class AgentReportError(Exception):
-    """A report that does not apply: the job is not on this host, or the report is from an older attempt."""
+class AgentReportError(WrongState):
+    """A report that does not apply: the job is not on this host, or the report is from an older attempt (409)."""
 
 
 def _job_for_host(job_id: int, host: Host, attempt: int) -> Job:
