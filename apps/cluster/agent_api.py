@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.cluster.authentication import AgentView
-from apps.cluster.services import RegistrationError, host_register
+from apps.cluster.services import host_register
 from apps.core.schema import ErrorSerializer
 from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue, valid_address
 
@@ -48,9 +48,6 @@ class RegisterView(AgentView):
     def post(self, request: Request) -> Response:
         form = RegistrationSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            host = host_register(request.auth, form.validated_data)
-        except RegistrationError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        host = host_register(request.auth, form.validated_data)  # a registration that conflicts: 409
         return Response({"host": host.name, "queue": host_queue(host.name), "state": host.state,
                          "protocol": PROTOCOL_VERSION, "heartbeat_interval_s": HEARTBEAT_INTERVAL_S})

@@ -10,13 +10,14 @@ from django.utils import timezone
 
 from apps.accounts import tokens
 from apps.cluster.models import GPU, Host, HostCredential
+from apps.core.errors import WrongState
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from workers.protocol import HEARTBEAT_TIMEOUT_S, PROTOCOL_VERSION, valid_address
 
 
-class RegistrationError(ValueError):
-    pass
+class RegistrationError(WrongState, ValueError):
+    """The registration conflicts with what the console knows (another protocol, another host's name): 409."""
 
 
 def host_token_issue(*, name: str, actor: AbstractBaseUser | None = None) -> tuple[Host, str]:
