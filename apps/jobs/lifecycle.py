@@ -25,13 +25,13 @@ from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
+from apps.accounts import access
 from apps.cluster.models import Host
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from apps.jobs.dispatch import job_hosts, send_preempt_after_commit, send_stop_after_commit
 from apps.jobs.errors import JobPermissionError, JobStateError
 from apps.jobs.models import Job, JobAllocation, JobEvent, UsageSegment
-from apps.jobs.selectors import can_cancel
 
 logger = logging.getLogger(__name__)
 State = Job.State
@@ -185,8 +185,7 @@ def job_finish(
 def job_cancel(
     *, job: Job, actor: AbstractBaseUser, reason: str = "", request: HttpRequest | None = None
 ) -> Job:
-    if not can_cancel(actor, job):
-        raise JobPermissionError("You may not cancel this job.")
+    access.require(actor, access.Action.CANCEL, job, error=JobPermissionError)
     with transaction.atomic():
         locked = lock_job(job.pk)
         if locked is None or locked.state not in ACTIVE_STATES:

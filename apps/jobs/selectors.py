@@ -12,10 +12,6 @@ def jobs_visible_to(user: AnyUser) -> QuerySet[Job]:
     return access.restrict(Job.objects.select_related("team", "user"), user, access.Action.VIEW)
 
 
-def can_cancel(user: AnyUser, job: Job) -> bool:
-    return access.can(user, access.Action.CANCEL, job)
-
-
 def job_events(job: Job) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job=job).select_related("actor")
 

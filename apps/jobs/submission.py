@@ -16,8 +16,9 @@ from django.db.models import Field, Model
 from django.http import HttpRequest
 from django.utils import timezone
 
-from apps.accounts.models import ROLE_RANK, Membership, Role, Team
-from apps.accounts.selectors import is_admin
+from apps.accounts import access
+from apps.accounts.access import Action
+from apps.accounts.models import Membership, Role, Team
 from apps.cluster.selectors import GpuPools, gpu_pools, gpu_pools_from_json, gpu_pools_subquery
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError
 from apps.jobs.lifecycle import request_scheduler_pass
@@ -84,7 +85,7 @@ def _submitter(user: AbstractBaseUser, slug: str | None) -> _Submitter:
     if membership is not None:
         team, role = membership.team, Role(membership.role)
     else:
-        team = Team.objects.filter(slug=slug).first() if is_admin(user) else None
+        team = Team.objects.filter(slug=slug).first() if access.is_admin(user) else None
         if team is None:
             raise JobSpecError({"team": [f"You are not a member of a team named '{slug}'."]})
         role = None
@@ -137,7 +138,7 @@ def _model_from_row(model: type[Model], fields: Sequence[Field], values: Sequenc
 def _default_team_slug(user: AbstractBaseUser) -> str:
     """The one team the user may submit to, when the spec names none."""
     memberships = Membership.objects.select_related("team").filter(user=user)
-    submittable = [m for m in memberships if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.MEMBER]]
+    submittable = [m for m in memberships if access.role_may(m.role, Action.SUBMIT)]
     if len(submittable) == 1:
         return submittable[0].team.slug
     if not submittable:
@@ -148,13 +149,15 @@ def _default_team_slug(user: AbstractBaseUser) -> str:
 
 def _check_role_and_priority(user: AbstractBaseUser, team: Team, role: Role | None, priority: str,
                              max_priority: str) -> None:
-    if is_admin(user):
+    """Who may submit at which priority is the access policy's; how high the team may go is its quota's."""
+    admin = access.is_admin(user)
+    if admin:
         return
-    if role is None or ROLE_RANK[role] < ROLE_RANK[Role.MEMBER]:
+    if not access.role_may(role, Action.SUBMIT):
         raise JobPermissionError(f"Viewers of team {team.slug} cannot submit jobs.")
-    if priority == Priority.URGENT:
+    if priority == Priority.URGENT and not access.role_may(role, Action.SUBMIT_URGENT):
         raise JobSpecError({"priority": ["Only site admins may submit urgent jobs."]})
-    if priority == Priority.HIGH and role != Role.MANAGER:
+    if priority == Priority.HIGH and not access.role_may(role, Action.SUBMIT_HIGH):
         raise JobSpecError({"priority": [f"Only managers of team {team.slug} may submit high-priority jobs."]})
     if PRIORITY_RANK[Priority(priority)] > PRIORITY_RANK[Priority(max_priority)]:
         raise JobSpecError({"priority": [f"Team {team.slug} may use priorities up to '{max_priority}'."]})
