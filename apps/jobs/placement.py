@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from apps.cluster.models import GPU, Host
+from apps.cluster.models import GPU
+from apps.jobs import scheduling_rows
 from apps.jobs.dispatch import dispatch_job
 from apps.jobs.lifecycle import lock_job, transition
 from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.jobs.usage import units_held
 from apps.quotas.models import UserQuota
 from apps.quotas.services import quota_lock
+from apps.scheduling.placeability import placement_refusal
 
 logger = logging.getLogger(__name__)
 State = Job.State
@@ -56,16 +59,17 @@ def job_place(
             if user_cap and units_held(job.team, user=job.user) + units > user_cap[0] * 100:
                 return False
             gpus = list(GPU.objects.select_for_update().filter(pk__in=gpu_ids).select_related("host").order_by("pk"))
-            if len(gpus) != len(gpu_ids) or not all(_placeable(gpu, job) for gpu in gpus):
+            if len(gpus) != len(gpu_ids):
                 return False
-            # Under the GPUs' row locks: what is left of each GPU must hold this job's share.
+            # Under the GPUs' row locks: the core's rule (health, host, type, units left, memory) on fresh rows.
             taken = dict(
                 JobAllocation.objects.filter(gpu_id__in=gpu_ids, released_at__isnull=True)
                 .values_list("gpu_id").annotate(units=Sum("share_units"))
             )
-            if any(taken.get(gpu.pk, 0) + share > 100 for gpu in gpus):
-                return False
-            if job.gpu_memory_mb is not None and any(job.gpu_memory_mb > gpu.memory_mb for gpu in gpus):
+            refusal = placement_refusal(scheduling_rows.pending_job(job, time.time()),
+                                        [scheduling_rows.candidate(gpu, taken.get(gpu.pk, 0)) for gpu in gpus], share)
+            if refusal is not None:
+                logger.info("placement of job %s on GPUs %s refused: %s", job_id, gpu_ids, refusal)
                 return False
             now = timezone.now()
             where = ", ".join(f"{gpu.host.name}:{gpu.index}" for gpu in gpus)
@@ -99,12 +103,6 @@ def job_place(
         # Another pass took one of these GPUs between our check and insert: the constraint held the line.
         logger.info("placement of job %s lost a race for GPUs %s", job_id, gpu_ids)
         return False
-
-
-def _placeable(gpu: GPU, job: Job) -> bool:
-    if gpu.health != GPU.Health.OK or gpu.host.state != Host.State.UP:
-        return False
-    return not job.gpu_type or gpu.gpu_type == job.gpu_type
 
 
 def jobs_set_pending_info(infos: dict[int, tuple[str, int | None, Any]]) -> int:
