@@ -14,8 +14,8 @@ from apps.accounts.models import Role
 from apps.cluster.selectors import known_gpu_types
 from apps.core.parsers import JSONTooDeep, loads_bounded
 from apps.jobs.models import MAX_STEPS, Job
-from apps.jobs.serializers import MAX_PARAMS_DEPTH
 from apps.jobs.services import JobSpec
+from apps.jobs.workload_shape import MAX_PARAMS_DEPTH
 from apps.quotas.models import Priority
 from workers.runtime.catalog import PRESETS, WORKLOADS
 

@@ -7,80 +7,14 @@ from typing import Any, ClassVar
 from django.conf import settings
 from rest_framework import serializers
 
-from apps.core.parsers import json_depth_exceeds
 from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
 from apps.quotas.models import Priority
 
-MAX_ARGS = 256
-MAX_ARG_LENGTH = 4096
-# A built-in workload's params are a few flat values; nesting this deep is no configuration (the runtime, the
-# database's jsonb and every page that shows the job walk it).
-MAX_PARAMS_DEPTH = 32
-
-
-def params_depth_error(params: Any) -> str | None:
-    if json_depth_exceeds(params, MAX_PARAMS_DEPTH):
-        return f"Nested deeper than {MAX_PARAMS_DEPTH} levels."
-    return None
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in key or _has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
-    return False
-
 
 class WorkloadField(serializers.JSONField):
-    """`{"builtin": NAME, "params": {...}}` or `{"command": [argv...]}`."""
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        data = super().to_internal_value(data)
-        if not isinstance(data, dict):
-            raise serializers.ValidationError('Expected {"builtin": NAME, "params": {...}} or {"command": [argv...]}.')
-        keys = set(data)
-        if keys & {"builtin", "command"} == {"builtin", "command"}:
-            raise serializers.ValidationError("Give either 'builtin' or 'command', not both.")
-        if "builtin" in data:
-            unknown = keys - {"builtin", "params"}
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
-            if not isinstance(data["builtin"], str) or not data["builtin"]:
-                raise serializers.ValidationError({"builtin": ["Must be a workload name."]})
-            params = data.get("params", {})
-            if not isinstance(params, dict):
-                raise serializers.ValidationError({"params": ["Must be an object."]})
-            too_deep = params_depth_error(params)
-            if too_deep:
-                raise serializers.ValidationError({"params": [too_deep]})
-            # A NUL byte is no path, name or number: PostgreSQL's jsonb refuses it (a 500), the agent's exec too.
-            with_nul = sorted(repr(name) if "\x00" in name else name for name, value in params.items()
-                              if "\x00" in name or _has_nul(value))
-            if with_nul:
-                raise serializers.ValidationError(
-                    {"params": {name: ["Must not contain NUL bytes."] for name in with_nul}})
-            return {"builtin": data["builtin"], "params": params}
-        if "command" in data:
-            unknown = keys - {"command"}
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
-            argv = data["command"]
-            if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
-                raise serializers.ValidationError({"command": ["Must be a non-empty list of strings (argv)."]})
-            if len(argv) > MAX_ARGS:
-                raise serializers.ValidationError({"command": [f"At most {MAX_ARGS} arguments."]})
-            if any(len(arg) > MAX_ARG_LENGTH or "\x00" in arg for arg in argv):
-                raise serializers.ValidationError(
-                    {"command": [f"Arguments must be at most {MAX_ARG_LENGTH} characters, without NUL bytes."]}
-                )
-            if not argv[0].strip():
-                raise serializers.ValidationError({"command": ["The program name is empty."]})
-            return {"command": argv}
-        raise serializers.ValidationError("Give 'builtin' (a built-in workload) or 'command' (an argv list).")
+    """`{"builtin": NAME, "params": {...}}` or `{"command": [argv...]}`: job_submit checks its shape
+    (apps/jobs/workload_shape.py), for the pages and the CLI as for the API."""
 
 
 class PositiveFloatField(serializers.FloatField):

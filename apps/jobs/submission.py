@@ -24,6 +24,7 @@ from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError
 from apps.jobs.lifecycle import request_scheduler_pass
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.usage import budget_exhausted
+from apps.jobs.workload_shape import checked_workload
 from apps.quotas.models import PRIORITY_RANK, Priority, TeamQuota, UserQuota
 from apps.quotas.services import quota_ensure
 from workers.runtime.catalog import PRESETS, WORKLOADS, validate_params
@@ -252,8 +253,12 @@ def _resources(spec: JobSpec, pools: GpuPools, errors: dict[str, object]) -> tup
     return granted[0], granted[1]
 
 
-def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | None = None) -> Job:
+def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | None = None,
+               replica: bool = False) -> Job:
     """Queue a job after checking the spec, the user's role and the team's limits.
+
+    Every check of a spec is here, so the API, the pages and the CLI get the same answers. `replica`: the serving
+    app submits a replica of a service, whose workload ({"serve": ...}) it built itself; users never may.
 
     The checks only read. The write is the part that must be exact under concurrency, and it is kept as short as
     the bare insert it is benchmarked against (benchmarks/submit_load.py): the user's row lock, one statement
@@ -264,7 +269,8 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
     submitter = _submitter(user, spec.team)
     team, quota = submitter.team, submitter.quota
     _check_role_and_priority(user, team, submitter.role, spec.priority, quota.max_priority)
-    errors = _check_workload(spec.kind, preset, spec.workload)
+    workload, problem = checked_workload(spec.workload, replica=replica)
+    errors = {"workload": problem} if problem else _check_workload(spec.kind, preset, workload)
     errors.update(_check_gpus(spec, submitter))
     cpus, memory_gb = _resources(spec, submitter.pools or gpu_pools(), errors)
     if not errors and budget_exhausted(team, quota):
@@ -280,7 +286,7 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         gpu_type=spec.gpu_type or "",
         priority=spec.priority,
         preset=preset,
-        workload=spec.workload,
+        workload=workload,
         max_steps=spec.max_steps,
         time_limit_minutes=spec.time_limit_minutes or _default_time_limit(),
         max_retries=spec.max_retries,

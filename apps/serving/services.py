@@ -169,7 +169,7 @@ def _start_replica(service: InferenceService, reason: str) -> ServiceReplica:
                             "max_batch": service.max_batch, "max_wait_ms": service.max_wait_ms,
                             "batching": service.batching}},
     )
-    job = job_submit(user=service.owner, spec=spec)
+    job = job_submit(user=service.owner, spec=spec, replica=True)
     replica = ServiceReplica.objects.create(service=service, job=job)
     _event(service, "replica_started", f"replica job {job.pk} submitted: {reason}", job=job.pk)
     return replica
