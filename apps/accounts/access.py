@@ -126,7 +126,9 @@ def _roles_at_least(minimum: Role) -> list[str]:
 
 def _team_ids(user: AnyUser, minimum: Role) -> QuerySet:
     """The ids of the teams where the user holds at least `minimum`, as a subquery."""
-    memberships = Membership.objects.filter(user=user)
+    if not _active(user):
+        return Membership.objects.none().values("team_id")
+    memberships = Membership.objects.filter(user_id=user.pk)
     if minimum != Role.VIEWER:
         memberships = memberships.filter(role__in=_roles_at_least(minimum))
     return memberships.values("team_id")
@@ -135,7 +137,7 @@ def _team_ids(user: AnyUser, minimum: Role) -> QuerySet:
 def role_in_team(user: AnyUser | None, team_id: int | None) -> Role | None:
     if not _active(user) or team_id is None:
         return None
-    role = Membership.objects.filter(user=user, team_id=team_id).values_list("role", flat=True).first()
+    role = Membership.objects.filter(user_id=user.pk, team_id=team_id).values_list("role", flat=True).first()
     return Role(role) if role else None
 
 
@@ -144,7 +146,7 @@ def _holds(role: Role | None, minimum: Role | None) -> bool:
 
 
 def _in_some_team(user: AnyUser) -> bool:
-    return Membership.objects.filter(user=user).exists()
+    return _active(user) and Membership.objects.filter(user_id=user.pk).exists()
 
 
 def restrict(queryset: QuerySet, user: AnyUser | None, action: Action = Action.VIEW) -> QuerySet:
@@ -169,7 +171,7 @@ def restrict(queryset: QuerySet, user: AnyUser | None, action: Action = Action.V
         if scope.owner is not None and owner_minimum is not None:
             allowed |= Q(**{scope.owner: user.pk, f"{scope.team}__in": _team_ids(user, owner_minimum)})
     if action == Action.VIEW:  # cluster-wide rows, for whoever holds a role in some team
-        in_some_team = Exists(Membership.objects.filter(user=user))
+        in_some_team = Exists(Membership.objects.filter(user_id=user.pk))
         allowed |= Q(in_some_team) if scope.team is None else Q(in_some_team, **{f"{scope.team}__isnull": True})
     return queryset.filter(allowed)
 
@@ -274,7 +276,7 @@ NOBODY = Viewer(user_id=None, is_admin=False, teams=frozenset())
 def viewer(user: AnyUser | None) -> Viewer:
     if not _active(user):
         return NOBODY
-    slugs = Membership.objects.filter(user=user).values_list("team__slug", flat=True)
+    slugs = Membership.objects.filter(user_id=user.pk).values_list("team__slug", flat=True)
     return Viewer(user_id=user.pk, is_admin=is_admin(user), teams=frozenset(slugs))
 
 

@@ -6,6 +6,8 @@ Services raise these; the API maps them once (`apps.core.api.exception_handler`)
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import PermissionDenied
 
 
@@ -18,7 +20,7 @@ class DomainError(Exception):
 class InvalidInput(DomainError):
     """Input that can never be carried out: field -> message(s), the same shape as a DRF validation error."""
 
-    def __init__(self, errors: dict[str, object]) -> None:
+    def __init__(self, errors: dict[str, Any]) -> None:
         super().__init__(errors)
         self.errors = errors
 

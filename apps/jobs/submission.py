@@ -270,7 +270,7 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
     team, quota = submitter.team, submitter.quota
     _check_role_and_priority(user, team, submitter.role, spec.priority, quota.max_priority)
     workload, problem = checked_workload(spec.workload, replica=replica)
-    errors = {"workload": problem} if problem else _check_workload(spec.kind, preset, workload)
+    errors: dict[str, object] = {"workload": problem} if problem else _check_workload(spec.kind, preset, workload)
     errors.update(_check_gpus(spec, submitter))
     cpus, memory_gb = _resources(spec, submitter.pools or gpu_pools(), errors)
     if not errors and budget_exhausted(team, quota):
