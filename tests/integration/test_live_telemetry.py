@@ -69,22 +69,23 @@ class Recorder:
     """A socket kept open in a thread, recording every frame (the browser's cluster page, as a witness)."""
 
     def __init__(self, url: str) -> None:
+        self.url = url
         self.messages: list[dict] = []
         self.stopped = threading.Event()
-        self.socket = connect(url, open_timeout=30)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                message = json.loads(self.socket.recv(timeout=1))
-            except TimeoutError:
-                continue
-            except websockets.exceptions.ConnectionClosed:
-                return
-            if message["type"] == "gpu.sample":
-                self.messages.append(message)
+        with connect(self.url, open_timeout=30) as socket:
+            while not self.stopped.is_set():
+                try:
+                    message = json.loads(socket.recv(timeout=1))
+                except TimeoutError:
+                    continue
+                except websockets.exceptions.ConnectionClosed:
+                    return
+                if message["type"] == "gpu.sample":
+                    self.messages.append(message)
 
     def samples(self, host: str, index: int) -> list[dict]:
         """The GPU's samples, each once, in the order they were taken (their own ts)."""
@@ -94,7 +95,6 @@ class Recorder:
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join(timeout=30)
-        self.socket.close()
 
 
 def alerts(cluster, **params) -> list[dict]:
