@@ -40,6 +40,21 @@ def sim(spec="4xH200", **kw) -> SimulatedBackend:
     return SimulatedBackend(spec, **kw)
 
 
+HOUR_MS = 3_600_000  # a poll this long ends within a test only if an event wakes it
+
+
+def returns_within(call, what: str, seconds: float = 60):
+    """call()'s result, run in a thread: fails if it has not returned after `seconds` (it hangs).
+
+    `seconds` only means "never": the caller's own timeout, far longer or far shorter, tells what woke it."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{what} had not returned after {seconds} s"
+    return result[0]
+
+
 def run_for(backend, clock, seconds: float, step: float = 1.0):
     """Sample once a (fake) second for ``seconds``; return the samples of every tick."""
     ticks = []
@@ -252,16 +267,16 @@ def test_xid_injection(clock):
 def test_poll_blocks_until_timeout_or_event():
     backend = sim(meter=FakeMeter())
     t0 = time.monotonic()
-    assert backend.poll_xid_events(300) == []
-    assert 0.25 <= time.monotonic() - t0 < 2
+    assert returns_within(lambda: backend.poll_xid_events(300), "a poll with a 300 ms timeout") == []
+    assert time.monotonic() - t0 >= 0.25  # it waited for its timeout (a busy machine only makes that longer)
     timer = threading.Timer(0.2, backend.inject, args=(2, "xid:43"))
     timer.start()
-    t0 = time.monotonic()
-    events = backend.poll_xid_events(10_000)
-    assert [e.xid for e in events] == [
-        43
-    ] and time.monotonic() - t0 < 2  # woken by the event, not the timeout
-    timer.join()
+    try:
+        events = returns_within(lambda: backend.poll_xid_events(HOUR_MS), "a poll waiting for an xid")
+    finally:
+        timer.join()
+        backend.close()  # wakes a poll that missed the event
+    assert [e.xid for e in events] == [43]  # woken by the event: its own timeout is an hour away
 
 
 def test_bad_injections():
@@ -311,10 +326,12 @@ def test_fault_file_xid_wakes_a_waiting_poll(tmp_path):
     backend = sim(meter=FakeMeter(), fault_file=path)
     timer = threading.Timer(0.3, write_from_other_process, args=(path, {"1": "xid"}))
     timer.start()
-    t0 = time.monotonic()
-    events = backend.poll_xid_events(10_000)
-    timer.join()
-    assert [(e.index, e.xid) for e in events] == [(1, 79)] and time.monotonic() - t0 < 5
+    try:
+        events = returns_within(lambda: backend.poll_xid_events(HOUR_MS), "a poll waiting for the file's xid")
+    finally:
+        timer.join()
+        backend.close()
+    assert [(e.index, e.xid) for e in events] == [(1, 79)]  # woken by the file: its own timeout is an hour away
 
 
 def test_fault_file_removed_clears_its_faults(tmp_path, clock):

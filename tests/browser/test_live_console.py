@@ -180,7 +180,7 @@ def test_live_console_in_a_browser(cluster, login):
     assert f"Job {sleeper['id']} cancelled." in cancel_page.locator(".messages").inner_text()
     assert cancel_page.locator("#job-state").inner_text() == "cancelled"
     assert cancel_page.locator("#cancel-form").count() == 0
-    assert cluster.wait_state(sleeper["id"], {"cancelled"}, timeout=10)["state"] == "cancelled"
+    assert cluster.wait_state(sleeper["id"], {"cancelled"}, timeout=60)["state"] == "cancelled"
 
     # Back on the burner's page, never reloaded: it finishes, live.
     page.bring_to_front()

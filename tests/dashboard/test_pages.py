@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from apps.cluster.models import GPU, Host
+from apps.cluster.models import GPU
 from apps.jobs.models import Job
 from apps.telemetry.models import GpuSampleBucket
-from tests.dashboard.conftest import hold, make_job
+from tests.dashboard.conftest import add_busy_hosts, hold, make_job
 
 PAGES = ["/", "/jobs/", "/jobs/new/", "/teams/", "/teams/vision/", "/reports/usage/", "/alerts/", "/accounts/tokens/",
          "/accounts/password_change/"]
@@ -80,34 +81,21 @@ def test_overview_for_a_user_without_team_shows_nothing(world, web):
     assert "node-a" not in html and "not a member of any team" in html
 
 
-def test_overview_with_512_gpus_is_fast_and_queries_do_not_grow(world, web, django_assert_max_num_queries):
-    hosts = [Host.objects.create(name=f"big-{i:02d}", state=Host.State.UP, simulated=True) for i in range(62)]
-    GPU.objects.bulk_create([
-        GPU(host=host, index=i, uuid=f"GPU-{host.name}-{i}", gpu_type="H200", memory_mb=143771)
-        for host in hosts for i in range(8)
-    ])
-    now = timezone.now()
-    gpus = list(GPU.objects.all())
-    assert len(gpus) == 512
-    GpuSampleBucket.objects.bulk_create([
-        GpuSampleBucket(gpu=gpu, resolution_s=10, bucket_start=now - timedelta(seconds=10 * k), samples=10,
-                        available_samples=10, utilization_avg=50.0, memory_used_max_mb=10, memory_total_mb=143771,
-                        temperature_max=50.0, power_avg_w=100.0)
-        for gpu in gpus for k in range(6)
-    ])
-    for n in range(32):
-        job = make_job(world.vision, world.member, state=Job.State.RUNNING, gpus=8)
-        hold(job, gpus[n * 8:(n + 1) * 8], now - timedelta(minutes=5))
-    client = web(world.member)
-    client.get("/")  # warm caches (templates, content types)
-    with django_assert_max_num_queries(20):
+def overview_queries(client) -> tuple[int, object]:
+    with CaptureQueriesContext(connection) as queries:
         response = client.get("/")
-    elapsed = float("inf")
-    for _ in range(3):  # best of three: the budget is the page's, not a busy test machine's
-        started = time.perf_counter()
-        client.get("/")
-        elapsed = min(elapsed, time.perf_counter() - started)
     assert response.status_code == 200
-    assert response.context["overview"].busy == 256
-    print(f"overview with 512 GPUs: {elapsed * 1000:.0f} ms")
-    assert elapsed < 1.0, f"overview took {elapsed:.2f} s"
+    return len(queries), response.context["overview"]
+
+
+def test_overview_queries_do_not_grow_with_the_number_of_gpus(world, web):
+    # Its time with 512 GPUs is measured, beside its target, by benchmarks/overview.py.
+    client = web(world.member)
+    add_busy_hosts(world, 0, 2)
+    client.get("/")  # warm caches (templates, content types)
+    small, overview = overview_queries(client)
+    assert GPU.objects.count() == 32 and overview.busy == 8
+    add_busy_hosts(world, 2, 60)
+    large, overview = overview_queries(client)
+    assert GPU.objects.count() == 512 and overview.busy == 248
+    assert large == small <= 20, f"{small} queries with 32 GPUs, {large} with 512"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,6 @@ from workers.protocol import HEARTBEAT_TIMEOUT_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 SHOW_ENV = Path(__file__).resolve().parents[1] / "integration" / "scripts" / "show_env.py"
-REAPER_INTERVAL_S = 2  # CONSOLE_REAPER_INTERVAL_S in the cluster's environment
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +90,21 @@ def test_cut_link_marks_the_host_down_requeues_the_job_and_restoring_it_brings_t
 
     cluster.topology.cut("ns-gpu2")
     cut_at = time.monotonic()
-    cluster.wait_for(lambda: cluster.host_states().get("ns-gpu2") == "down", timeout=HEARTBEAT_TIMEOUT_S + 20,
+    # Timeouts here only mean "never": down ~30 s after the last heartbeat, the reaper looking every 2 s.
+    cluster.wait_for(lambda: cluster.host_states().get("ns-gpu2") == "down", timeout=HEARTBEAT_TIMEOUT_S * 4,
                      what="ns-gpu2 to be marked down")
     down_after = time.monotonic() - cut_at
-    requeued = cluster.wait_state(job["id"], {"queued", "failed"}, timeout=15)
+    requeued = cluster.wait_state(job["id"], {"queued", "failed"}, timeout=60)
     requeued_after = time.monotonic() - cut_at
     print(f"link cut: ns-gpu2 down after {down_after:.1f} s, job {job['id']} {requeued['state']} after "
           f"{requeued_after:.1f} s")
-    # Heartbeats every 5 s, down after 30 s of silence, the reaper looks every 2 s.
-    assert HEARTBEAT_TIMEOUT_S - 6 <= down_after <= HEARTBEAT_TIMEOUT_S + REAPER_INTERVAL_S + 8
+    # Marked down no sooner than the heartbeat timeout after its last heartbeat, by the times the console
+    # recorded: the host's last heartbeat, and the start of the alert that marking it down raised.
+    admin = cluster.admin()
+    host = next(h for h in admin.get("/api/v1/hosts/").json()["results"] if h["name"] == "ns-gpu2")
+    lost = next(a for a in admin.get("/api/v1/alerts/").json()["results"] if "ns-gpu2 missed heartbeats" in a["message"])
+    silence = (datetime.fromisoformat(lost["started_at"]) - datetime.fromisoformat(host["last_heartbeat"])).total_seconds()
+    assert silence >= HEARTBEAT_TIMEOUT_S, (host, lost)
     assert requeued["state"] == "queued"
     events = cluster.admin().get(f"/api/v1/jobs/{job['id']}/events/").json()["results"]
     reasons = [e["reason"] for e in events if e["to_state"] == "queued"]
@@ -107,13 +113,13 @@ def test_cut_link_marks_the_host_down_requeues_the_job_and_restoring_it_brings_t
 
     cluster.topology.restore("ns-gpu2")
     restored_at = time.monotonic()
-    cluster.wait_for(lambda: cluster.host_states().get("ns-gpu2") == "up", timeout=30,
+    cluster.wait_for(lambda: cluster.host_states().get("ns-gpu2") == "up", timeout=90,
                      what="ns-gpu2 to come back up once its heartbeats resume")
     up_after = time.monotonic() - restored_at
     print(f"link restored: ns-gpu2 up after {up_after:.1f} s")
     # Both hosts up again: the requeued job is placed anew on both and starts its second attempt.
     again = cluster.wait_for(lambda: (j := cluster.job(job["id"]))["state"] == "running" and j["attempts"] == 2 and j,
-                             timeout=60, what="the requeued job to run again on both hosts")
+                             timeout=180, what="the requeued job to run again on both hosts")
     assert {a["host"] for a in again["allocations"]} == set(AGENTS)
     assert cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/").status_code in (200, 202)
     cluster.wait_state(job["id"], {"cancelled"}, timeout=30)

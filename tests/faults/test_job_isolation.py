@@ -251,7 +251,7 @@ def test_daemon_of_a_job_dies_with_it(cluster, mode):
         cancel(cluster, job["id"])
     else:
         assert cluster.wait_state(job["id"], {"succeeded", "failed"})["state"] == "succeeded"
-    cluster.wait_for(lambda: gone(pid), timeout=10, what=f"the daemon {pid} to be killed")
+    cluster.wait_for(lambda: gone(pid), timeout=60, what=f"the daemon {pid} to be killed")
 
 
 def test_flooding_job_keeps_running_with_its_log_capped(cluster):

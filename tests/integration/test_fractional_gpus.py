@@ -62,9 +62,9 @@ def test_four_quarters_share_one_gpu_and_count_as_one(cluster):
 
     # Telemetry: the shared GPU's frame lists each job with its share and the memory its processes use.
     url = cluster.ws_url(f"/ws/jobs/{quarters[0]['id']}/", cluster.admin())
-    with connect(url, open_timeout=10) as socket:
+    with connect(url, open_timeout=30) as socket:
         for _ in range(20):
-            message = json.loads(socket.recv(timeout=10))
+            message = json.loads(socket.recv(timeout=30))
             if message["type"] == "gpu.sample" and message["gpus"]:
                 jobs = message["gpus"][0]["jobs"]
                 if len(jobs) == 4 and all(j["memory_mb"] for j in jobs):

