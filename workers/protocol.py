@@ -253,7 +253,8 @@ class EnvError(ProtocolError):
     """A CONSOLE_* variable holds a value the runtime cannot use."""
 
 
-def _env_int(env: Mapping[str, str], name: str) -> int | None:
+def env_int(env: Mapping[str, str], name: str) -> int | None:
+    """A non-negative integer variable, or None when it is unset or blank; EnvError names a bad value."""
     raw = env.get(name, "").strip()
     if not raw:
         return None
@@ -329,12 +330,12 @@ class JobEnvironment:
         devices = env.get(ENV_VISIBLE_DEVICES)
         return cls(
             job_id=env.get(ENV_JOB_ID, "").strip(),
-            attempt=_env_int(env, ENV_ATTEMPT),
+            attempt=env_int(env, ENV_ATTEMPT),
             preset=env.get(ENV_PRESET, "").strip(),
-            max_steps=_env_int(env, ENV_MAX_STEPS),
+            max_steps=env_int(env, ENV_MAX_STEPS),
             progress_file=_env_path(env, ENV_PROGRESS_FILE),
             checkpoint_dir=_env_path(env, ENV_CHECKPOINT_DIR),
-            checkpoint_every=_env_int(env, ENV_CHECKPOINT_EVERY),
+            checkpoint_every=env_int(env, ENV_CHECKPOINT_EVERY),
             output_dir=_env_path(env, ENV_OUTPUT_DIR),
             model_path=_env_path(env, ENV_MODEL_PATH),
             device=env.get(ENV_DEVICE, "").strip(),
@@ -342,7 +343,7 @@ class JobEnvironment:
             api_url=env.get(ENV_API_URL, "").strip(),
             job_token=env.get(ENV_JOB_TOKEN, "").strip(),
             replica_secret=env.get(REPLICA_SECRET_ENV, ""),
-            gpu_memory_limit_mb=_env_int(env, ENV_GPU_MEMORY_LIMIT_MB),
+            gpu_memory_limit_mb=env_int(env, ENV_GPU_MEMORY_LIMIT_MB),
             gpu_memory_fraction=_env_fraction(env, ENV_GPU_MEMORY_FRACTION),
         )
 

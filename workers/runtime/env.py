@@ -21,6 +21,7 @@ from workers.protocol import (
     ENV_PROGRESS_FILE,
     EnvError,
     JobEnvironment,
+    env_int,
 )
 
 DEFAULT_PRESET = "baseline-fp32"
@@ -28,19 +29,6 @@ DEFAULT_PRESET = "baseline-fp32"
 __all__ = ["DEFAULT_PRESET", "ENV_API_URL", "ENV_CHECKPOINT_DIR", "ENV_CHECKPOINT_EVERY", "ENV_DEVICE",
            "ENV_JOB_ID", "ENV_JOB_TOKEN", "ENV_MAX_STEPS", "ENV_MODEL_PATH", "ENV_OUTPUT_DIR", "ENV_PRESET",
            "ENV_PROGRESS_FILE", "EnvError", "RuntimeEnv"]
-
-
-def _rank(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise EnvError(f"{name} must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise EnvError(f"{name} must not be negative, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -82,8 +70,8 @@ class RuntimeEnv:
             model_path=job.model_path,
             device=job.device or None,
             # Set by torchrun; a plain `python script.py` is rank 0 of 1.
-            rank=_rank(env, "RANK") or 0,
-            local_rank=_rank(env, "LOCAL_RANK") or 0,
-            world_size=_rank(env, "WORLD_SIZE") or 1,
+            rank=env_int(env, "RANK") or 0,
+            local_rank=env_int(env, "LOCAL_RANK") or 0,
+            world_size=env_int(env, "WORLD_SIZE") or 1,
             gpu_memory_fraction=job.gpu_memory_fraction,
         )
