@@ -32,14 +32,17 @@ class World:
 
 @pytest.fixture(autouse=True)
 def _caches_start_empty():
-    """Each test starts with empty caches: a cached value (an alert condition's start, a host's GPU map) is keyed
-    by row ids, which the next test's rows reuse after the rollback, so it would leak by the order tests run in."""
+    """Each test starts with empty caches: a cached value (an alert condition's start, a host's GPU map, the alert
+    rules) is keyed by row ids, which the next test's rows reuse after the rollback, so it would leak by the order
+    tests run in."""
     from django.core.cache import cache
 
+    from apps.telemetry import alerts
     from apps.telemetry import services as telemetry_services
 
     cache.clear()
     telemetry_services._maps.clear()
+    alerts.rules.loaded_at = 0.0  # the alert rules a process keeps for RULES_TTL_S: read afresh
     yield
 
 
