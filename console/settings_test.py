@@ -16,10 +16,10 @@ os.environ.setdefault("CONSOLE_ARTIFACTS", tempfile.mkdtemp(prefix="console-test
 
 
 def _redis_db_of_this_worker(url: str, offset: int) -> str:
-    """Under pytest-xdist each worker has Redis databases of its own (12-15 for gw0/gw1; live clusters take 5-8),
-    so two workers' channel groups, caches and queues never meet."""
+    """Under pytest-xdist each worker has Redis databases of its own (8-15 for gw0-gw3; their live clusters take
+    0-7, tests/integration/live.py), so two workers' channel groups, caches and queues never meet."""
     worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
-    return re.sub(r"(/\d*)?$", f"/{12 + 2 * worker + offset}", url, count=1)
+    return re.sub(r"(/\d*)?$", f"/{8 + 2 * worker + offset}", url, count=1)
 
 
 if "PYTEST_XDIST_WORKER" in os.environ:

@@ -58,11 +58,21 @@ def gone(pid: int) -> bool:
         return True
 
 
-def worker_index() -> int:
-    """This pytest-xdist worker's number (gw0 → 0), 0 without xdist: each worker's clusters get their own
-    databases and Redis databases, so workers running side by side never share state."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return int(worker.removeprefix("gw") or 0)
+MAX_XDIST_WORKERS = 4  # Redis has 16 databases: 2 per worker for its live clusters, 2 for its test process
+
+
+def live_redis_dbs() -> tuple[int, int]:
+    """The Redis databases (broker, cache and channel layer) of this process's live clusters.
+
+    Without xdist 5 and 6 (beside the test process's 0 and 1 that CI names); under xdist worker N takes 2N and
+    2N+1, and its test process 8+2N and 9+2N (console/settings_test.py), so workers never share state."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return 5, 6
+    index = int(worker.removeprefix("gw"))
+    if index >= MAX_XDIST_WORKERS:
+        raise RuntimeError(f"live clusters run on at most {MAX_XDIST_WORKERS} xdist workers (-n), not {index + 1}")
+    return 2 * index, 2 * index + 1
 
 
 def worker_suffix() -> str:
@@ -125,11 +135,11 @@ class LiveCluster:
         else:
             env.pop("DATABASE_URL", None)
         if env.get("CELERY_BROKER_URL", "").startswith("redis"):
-            env["CELERY_BROKER_URL"] = _fresh_redis(env["CELERY_BROKER_URL"], 5 + 2 * worker_index())
+            env["CELERY_BROKER_URL"] = _fresh_redis(env["CELERY_BROKER_URL"], live_redis_dbs()[0])
         else:
             env["CELERY_BROKER_URL"] = "filesystem://"
         if env.get("REDIS_URL"):
-            env["REDIS_URL"] = _fresh_redis(env["REDIS_URL"], 6 + 2 * worker_index())
+            env["REDIS_URL"] = _fresh_redis(env["REDIS_URL"], live_redis_dbs()[1])
         self.env = env
         self.manage("migrate", "--noinput")
         self.manage("bootstrap_console", "--agent-host", "", "--demo-team", "")
