@@ -112,7 +112,8 @@ def test_overview_renders_and_degrades_without_websocket(world, page_for, artifa
     assert page.locator("#t-busy").inner_text() == "3"
     assert page.get_by_role("link", name=f"job {running.pk}").count() == 2
     assert page.get_by_role("link", name=f"job {other.pk}").count() == 0  # another team's job: no link
-    assert "a job · nlp" in page.get_by_label("node-b GPU 0").inner_text()
+    foreign = page.get_by_label("node-b GPU 0").inner_text()
+    assert "another team's job" in foreign and "nlp" not in foreign  # as the live stream shows it
     assert page.locator("li.gpu", has_text="no data").count() == 11
     page.wait_for_function("document.getElementById('live-status').dataset.state === 'off'")
     assert "unavailable" in page.locator("#live-status").inner_text()
