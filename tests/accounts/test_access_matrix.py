@@ -454,8 +454,8 @@ def test_websocket_matrix(fx, persona):
 
     async def close_code(path: str) -> int | None:
         socket = WebsocketCommunicator(application, path, headers=headers)
-        connected, code = await socket.connect(timeout=5)
-        await socket.disconnect(timeout=1 if connected else 0.1)
+        connected, code = await socket.connect(timeout=30)
+        await socket.disconnect(timeout=30 if connected else 0.1)
         return None if connected else code
 
     wrong = []

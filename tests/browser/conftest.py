@@ -69,7 +69,7 @@ def page_for(browser, live_server):
 
     def make(user=None):
         context = browser.new_context(viewport={"width": 1400, "height": 900}, base_url=live_server.url)
-        context.set_default_timeout(10_000)
+        context.set_default_timeout(30_000)  # a busy machine: only "never" fails
         if user is not None:
             client = Client()
             client.force_login(user)

@@ -64,7 +64,7 @@ def login(cluster, chromium):
 
     def make(username: str):
         context = chromium.new_context(viewport={"width": 1400, "height": 1000}, base_url=cluster.url)
-        context.set_default_timeout(15_000)
+        context.set_default_timeout(30_000)
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(f"{username}: {exc}"))
@@ -133,7 +133,7 @@ def test_live_console_in_a_browser(cluster, login):
     overview.goto("/")
     overview.evaluate(NO_RELOAD)
     overview.wait_for_function("document.getElementById('live-status').dataset.state === 'live'")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # only "never": frames come once a second
     util = None
     while time.monotonic() < deadline:
         util = util_of_job_cell(overview, job_id)
@@ -186,7 +186,7 @@ def test_live_console_in_a_browser(cluster, login):
     page.bring_to_front()
     page.wait_for_function("document.getElementById('job-state').textContent === 'succeeded'",
                            timeout=(BURN_S + 30) * 1000)
-    page.wait_for_function("document.getElementById('job-log').textContent.includes('burn done')", timeout=15_000)
+    page.wait_for_function("document.getElementById('job-log').textContent.includes('burn done')", timeout=30_000)
     seen_states.add("succeeded")
     assert page.evaluate("window.__noReload") == "still-the-same-document"
     assert len(seen_states) >= 2

@@ -38,7 +38,7 @@ def test_service_page_polls_stats_replicas_and_events(world, service, page_for, 
                                                     error_rate=0.05))
     cache.set(services.replicas_key(service.pk), [{"job": job, "url": "http://127.0.0.1:9"}])
     services._event(service, "scale_up", "replicas 1 → 2: p95 48 ms > target 40 ms")
-    page.wait_for_function("document.getElementById('s-p95').textContent === '48 ms'", timeout=8000)
+    page.wait_for_function("document.getElementById('s-p95').textContent === '48 ms'", timeout=30_000)
     assert page.locator("#s-p50").inner_text() == "3.2 ms" and page.locator("#s-p99").inner_text() == "61 ms"
     assert page.locator("#s-rps").inner_text() == "42.5" and page.locator("#s-errors").inner_text() == "5 %"
     assert page.locator("#s-ready").inner_text() == "1"
@@ -46,7 +46,7 @@ def test_service_page_polls_stats_replicas_and_events(world, service, page_for, 
     assert "ready" in row.inner_text() and "not ready" not in row.inner_text()
     assert row.get_by_role("link", name=f"job {job}").get_attribute("href") == f"/jobs/{job}/"
     page.wait_for_function("document.getElementById('service-events').textContent.includes('p95 48 ms')",
-                           timeout=12000)
+                           timeout=30_000)
     # The charts are drawn (pixels on the latency canvas) in fixed-size buffers.
     painted = page.evaluate("""() => {
         const c = document.getElementById('chart-latency');

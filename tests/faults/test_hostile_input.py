@@ -216,7 +216,7 @@ def socket_answer(path: str, hdrs: list[tuple[bytes, bytes]]) -> int | None:
 
     async def run():
         socket = WebsocketCommunicator(application, path, headers=hdrs)
-        connected, code = await socket.connect(timeout=5)
+        connected, code = await socket.connect(timeout=30)
         await socket.disconnect()
         return None if connected else code
 
@@ -323,12 +323,12 @@ def test_the_asgi_servers_log_never_shows_a_ticket(tmp_path):
                    what="uvicorn to start", details=log_path.read_text)
         secrets_sent = ["wsT1cketSecretAAAA", "wsT1cketSecretBBBB"]
         try:
-            with connect(f"ws://127.0.0.1:{port}/ws/cluster/?ticket={secrets_sent[0]}", open_timeout=10) as socket:
-                socket.recv(timeout=10)
+            with connect(f"ws://127.0.0.1:{port}/ws/cluster/?ticket={secrets_sent[0]}", open_timeout=30) as socket:
+                socket.recv(timeout=30)
         except (InvalidStatus, WebSocketException, TimeoutError):
             pass  # an unknown ticket is refused: what matters is the handshake's log line
         # The same URL as a plain HTTP request goes to the access log proper.
-        httpx.get(f"http://127.0.0.1:{port}/ws/cluster/?after=1&ticket={secrets_sent[1]}", timeout=10)
+        httpx.get(f"http://127.0.0.1:{port}/ws/cluster/?after=1&ticket={secrets_sent[1]}", timeout=30)
         wait_until(lambda: log_path.read_text().count("/ws/cluster/?") >= 2, timeout=30,
                    what="both request lines in the log", details=log_path.read_text)
         text = log_path.read_text()

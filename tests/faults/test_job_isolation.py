@@ -15,7 +15,6 @@ import re
 import shutil
 import stat
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -264,8 +263,9 @@ def test_flooding_job_keeps_running_with_its_log_capped(cluster):
     cluster.wait_for(lambda: local.stat().st_size >= AGENT_LOG_CAP, timeout=60, what="the agent's cap")
     size = local.stat().st_size
     before = int((home / "count").read_text())
-    time.sleep(2)
-    assert int((home / "count").read_text()) > before + 16
+    # It keeps printing past both caps: 32 more blocks of 64 000 characters (a timeout only means it stalled).
+    cluster.wait_for(lambda: int((home / "count").read_text()) > before + 16, timeout=60,
+                     what="the job to keep printing past the caps")
     assert cluster.job(job["id"])["state"] == "running"
     assert local.stat().st_size == size <= AGENT_LOG_CAP + 200
     assert "output past 8000000 characters is dropped" in local.read_text()[-200:]

@@ -42,11 +42,11 @@ def headers(user=None, origin: bytes | None = ORIGIN) -> list[tuple[bytes, bytes
 
 async def open_socket(path: str, hdrs) -> tuple[WebsocketCommunicator, bool, int | None]:
     socket = WebsocketCommunicator(application, path, headers=hdrs)
-    connected, code = await socket.connect(timeout=5)
+    connected, code = await socket.connect(timeout=30)
     return socket, connected, code
 
 
-async def next_of(socket: WebsocketCommunicator, kind: str, timeout: float = 5.0) -> dict:
+async def next_of(socket: WebsocketCommunicator, kind: str, timeout: float = 30.0) -> dict:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         remaining = deadline - asyncio.get_running_loop().time()
@@ -136,7 +136,7 @@ def test_job_stream_state_log_and_refusal(world, sim_host):
         await sync_to_async(report)()
         got: dict[str, dict] = {}
         while {"job.log", "job.state"} - set(got):
-            message = json.loads(await socket.receive_from(timeout=5))
+            message = json.loads(await socket.receive_from(timeout=30))
             if message["type"] in {"job.log", "job.state"}:
                 got[message["type"]] = message
         log, state = got["job.log"], got["job.state"]
@@ -171,7 +171,7 @@ def test_removing_access_closes_the_socket(world, sim_host):
 
         await sync_to_async(remove)()
         while True:
-            output = await socket.receive_output(timeout=5)
+            output = await socket.receive_output(timeout=30)
             if output["type"] == "websocket.close":
                 return output["code"]
 
