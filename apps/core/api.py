@@ -27,7 +27,7 @@ def domain_error_response(exc: DomainError) -> Response:
     if isinstance(exc, InvalidInput):
         return Response(ValidationError(exc.errors).detail, status=exc.status)  # messages as lists, as DRF
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimited) else None
-    return Response({"detail": str(exc)}, status=exc.status, headers=headers)
+    return Response(exc.body(), status=exc.status, headers=headers)
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -16,6 +16,10 @@ class DomainError(Exception):
 
     status = 400
 
+    def body(self) -> dict[str, Any]:
+        """The answer's JSON body: a detail (InvalidInput names its fields instead)."""
+        return {"detail": str(self)}
+
 
 class InvalidInput(DomainError):
     """Input that can never be carried out: field -> message(s), the same shape as a DRF validation error."""
@@ -23,6 +27,9 @@ class InvalidInput(DomainError):
     def __init__(self, errors: dict[str, Any]) -> None:
         super().__init__(errors)
         self.errors = errors
+
+    def body(self) -> dict[str, Any]:
+        return self.errors
 
 
 class NotAllowed(DomainError, PermissionDenied):

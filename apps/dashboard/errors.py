@@ -8,12 +8,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from django import forms
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
 from django.shortcuts import redirect
+from django.utils.deprecation import MiddlewareMixin
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from apps.core.errors import DomainError, InvalidInput, NotAllowed
@@ -42,21 +41,14 @@ def _back(request: HttpRequest) -> str:
     return "/"
 
 
-class DomainErrorMiddleware:
+class DomainErrorMiddleware(MiddlewareMixin):
     """The answer of a page whose service refused (API views answer through apps.core.api instead)."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not isinstance(exception, DomainError):
             return None
         if request.path.startswith(("/api/", "/serve/")):  # a JSON endpoint outside DRF: the API's answer
-            body = exception.errors if isinstance(exception, InvalidInput) else {"detail": str(exception)}
-            return JsonResponse(body, status=exception.status)
+            return JsonResponse(exception.body(), status=exception.status)
         if isinstance(exception, NotAllowed):
             return HttpResponseForbidden(str(exception))
         text = (", ".join(f"{field}: {problem}" for field, problem in exception.errors.items())

@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.cluster.models import GPU
 from apps.jobs import scheduling_rows
 from apps.jobs.dispatch import dispatch_job
-from apps.jobs.lifecycle import lock_job, transition
+from apps.jobs.lifecycle import transition
 from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.jobs.usage import units_held
 from apps.quotas.models import UserQuota
@@ -43,7 +43,8 @@ def job_place(
             if job is None or job.state != State.QUEUED or len(gpu_ids) != job.gpus:
                 return False
             quota = quota_lock(job.team)
-            job = lock_job(job_id)
+            # Locked with its team and user, which the placement rule's view of the job names (one query).
+            job = Job.objects.select_for_update(of=("self",)).select_related("team", "user").filter(pk=job_id).first()
             if job is None or job.state != State.QUEUED:
                 return False
             share = 100 if not job.is_fractional else (share_units or job.gpu_share_units)
