@@ -61,6 +61,65 @@ class Rendezvous:
     run_id: str
 
 
+# Where a job's code (an uploaded snapshot or a git checkout) and its container's mounts appear inside the job.
+CODE_PATH = "/workspace/code"
+CONTAINER_RUNTIMES = ("process", "podman", "docker")
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """A named volume an admin defined (apps/cluster), resolved by the console for one job: the host path the
+    agent binds at `target` inside the job. The agent refuses any source outside its own --volume-root list."""
+
+    name: str
+    source: str  # a path on the host (a local folder or a network file system mounted there)
+    target: str  # an absolute path inside the job, "/mnt/<name>" unless the admin chose another
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class CodeSnapshot:
+    """The job's code: an uploaded snapshot (a tar.gz in the artifact store, fetched over the job API) or a git
+    repository at a recorded commit. The agent unpacks or checks it out at CODE_PATH and starts the job there."""
+
+    kind: str  # "upload" | "git"
+    url: str  # upload: the job-API path of the archive; git: the repository URL
+    ref: str = ""  # git: the branch, tag or commit asked for
+    commit: str = ""  # git: the commit recorded at submission (the agent checks out exactly this)
+    sha256: str = ""  # upload: the archive's digest, checked before unpacking
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What a job asks of its environment beyond GPUs: an OCI image, plain variables, team secrets (values, never
+    logged: the agent masks them in the job's output), mounts, code and /dev/shm. Empty `image`: the job runs on
+    the host (the process backend)."""
+
+    image: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    mounts: tuple[MountSpec, ...] = ()
+    code: CodeSnapshot | None = None
+    shm_gb: float | None = None
+
+    @classmethod
+    def from_message(cls, message: Any) -> ContainerSpec:
+        if message is None:
+            return cls()
+        if not isinstance(message, dict):
+            raise ValueError("container must be an object")
+        code = message.get("code")
+        return cls(
+            image=str(message.get("image") or ""),
+            env={str(k): str(v) for k, v in dict(message.get("env") or {}).items()},
+            secrets={str(k): str(v) for k, v in dict(message.get("secrets") or {}).items()},
+            mounts=tuple(MountSpec(**m) for m in message.get("mounts") or ()),
+            code=CodeSnapshot(**code) if code else None,
+            shm_gb=_positive_or_none(message.get("shm_gb"), "shm_gb"),
+        )
+
+
 @dataclass(frozen=True)
 class Dispatch:
     job_id: int
@@ -85,11 +144,14 @@ class Dispatch:
     memory_gb: float | None = None
     # An inference replica's secret (see REPLICA_SECRET_HEADER); empty for other jobs. Not in the repr: logs.
     replica_secret: str = field(default="", repr=False)
+    # Image, env, secrets, mounts, code and shm (issue 16); the default: a job on the host, as before.
+    container: ContainerSpec = field(default_factory=ContainerSpec)
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
         message = asdict(self)
         message["gpu_indices"] = list(self.gpu_indices)
+        message["container"]["mounts"] = [asdict(m) for m in self.container.mounts]
         return message
 
     @classmethod
@@ -119,6 +181,7 @@ class Dispatch:
                 cpus=_positive_or_none(message.get("cpus"), "cpus"),
                 memory_gb=_positive_or_none(message.get("memory_gb"), "memory_gb"),
                 replica_secret=str(message.get("replica_secret") or ""),
+                container=ContainerSpec.from_message(message.get("container")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None
@@ -154,6 +217,8 @@ class Registration:
     # What the host can give jobs (the console refuses a job asking more than the largest host has); 0: unknown.
     cpus: int = 0
     memory_mb: int = 0
+    # How this agent runs jobs: "process" (on the host), "podman" or "docker" (OCI containers; --runtime).
+    runtime: str = "process"
     protocol: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -507,6 +572,8 @@ class RunningDetails:
     gpu_share: str = ""  # how a fractional job's share is held: "mps", "allocator-cap+watch", "watch"
     gpu_memory_limit_mb: int | None = None
     limits: dict[str, Any] | None = None  # the job's cgroup limits (workers/agent/cgroups.py, describe())
+    backend: str = "process"  # what ran the attempt: one of CONTAINER_RUNTIMES
+    image: str = ""  # the image it ran in (a container backend), as resolved by the runtime (name@digest)
 
     LIMIT_KEYS: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "applied": bool, "reason": str, "cgroup": str, "cpus": (int, float), "memory_gb": (int, float),
@@ -520,6 +587,9 @@ class RunningDetails:
             details.update(gpu_share=self.gpu_share, gpu_memory_limit_mb=self.gpu_memory_limit_mb)
         if self.limits is not None:
             details["limits"] = self.limits
+        details["backend"] = self.backend
+        if self.image:
+            details["image"] = self.image
         return details
 
     @classmethod
@@ -528,7 +598,9 @@ class RunningDetails:
         return cls(host=_text(details.get("host"), 253), isolation=JobIsolation.from_details(dict(details)),
                    gpu_share=_text(details.get("gpu_share"), 40),
                    gpu_memory_limit_mb=_count(limit),
-                   limits=cls._limits(details.get("limits")))
+                   limits=cls._limits(details.get("limits")),
+                   backend=backend if (backend := details.get("backend")) in CONTAINER_RUNTIMES else "process",
+                   image=_text(details.get("image"), 300))
 
     @classmethod
     def _limits(cls, value: Any) -> dict[str, Any] | None:
