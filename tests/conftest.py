@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Role, Team
 from apps.cluster.models import GPU
-from tests import fault_table
+from tests import fault_table, module_seconds
 from tests.factories import HostFactory, MembershipFactory, TeamFactory, UserFactory, add_gpus
 
 
@@ -131,3 +131,10 @@ def pytest_testnodedown(node, error) -> None:
 
 def pytest_terminal_summary(terminalreporter) -> None:
     fault_table.print_table(terminalreporter)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The slowest modules first (tests/module_seconds.py), so pytest-xdist does not start them last; run with
+    --no-loadscope-reorder, or xdist reorders modules by their number of tests."""
+    seconds = module_seconds.load()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.partition("::")[0], 0.0))

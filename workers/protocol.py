@@ -64,6 +64,19 @@ class Rendezvous:
 # Where a job's code (an uploaded snapshot or a git checkout) and its container's mounts appear inside the job.
 CODE_PATH = "/workspace/code"
 CONTAINER_RUNTIMES = ("process", "podman", "docker")
+# Where the agent mounts the job runtime (workers.runtime and this module, Django-free) read-only inside a
+# container, and puts it on PYTHONPATH, so presets and progress work in any image with Python and torch.
+RUNTIME_MOUNT_PATH = "/opt/gpu-console-runtime"
+# Inside a container: the job's own folder (HOME, progress file), its checkpoints and its outputs.
+CONTAINER_HOME = "/workspace/home"
+CONTAINER_CHECKPOINTS = "/workspace/checkpoints"
+CONTAINER_OUTPUTS = "/workspace/outputs"
+# A code snapshot's largest archive (gpuctl refuses to upload more; the console and the agent refuse it too).
+CODE_SNAPSHOT_MAX_BYTES = 100 * 1024 * 1024
+# Labels on every container an agent starts: what it removes when a job ends and, at start, what a previous
+# run of it left behind.
+CONTAINER_LABEL_HOST = "gpu-console.host"
+CONTAINER_LABEL_JOB = "gpu-console.job"
 
 
 @dataclass(frozen=True)
@@ -206,6 +219,29 @@ class GpuRecord:
 
 
 @dataclass(frozen=True)
+class ImageRecord:
+    """An image in a container host's local store (the host page lists them)."""
+
+    name: str  # repository:tag, or the id when it has no name
+    id: str
+    size_mb: int = 0
+    created: str = ""  # ISO 8601, as the runtime reports it
+
+    @classmethod
+    def decode_list(cls, message: Any, limit: int = 500) -> list[ImageRecord]:
+        """Image records from a registration or heartbeat; malformed entries are dropped, never raised."""
+        if not isinstance(message, list):
+            return []
+        records = []
+        for item in message[:limit]:
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("id"), str):
+                records.append(cls(name=_text(item["name"], 300), id=_text(item["id"], 128),
+                                   size_mb=_count(item.get("size_mb")) or 0,
+                                   created=_text(item.get("created"), 40)))
+        return records
+
+
+@dataclass(frozen=True)
 class Registration:
     host: str
     agent_version: str
@@ -219,6 +255,7 @@ class Registration:
     memory_mb: int = 0
     # How this agent runs jobs: "process" (on the host), "podman" or "docker" (OCI containers; --runtime).
     runtime: str = "process"
+    images: list[ImageRecord] = field(default_factory=list)  # a container host's cached images
     protocol: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -415,6 +452,11 @@ class JobEnvironment:
 
 def job_api_url(console_url: str) -> str:
     return f"{console_url.rstrip('/')}{JOB_API_PATH}"
+
+
+# The job API path that serves an attempt's uploaded code snapshot (a tar.gz), to the agent with the
+# attempt's job token (CodeSnapshot.url holds it).
+JOB_CODE_PATH = f"{JOB_API_PATH}code/"
 
 
 # --- progress records: the JSON lines a job appends to its progress file ---------------------------------
