@@ -2,6 +2,7 @@
 
     gpu-agent --console-url http://console:8000 --broker redis://redis:6379/1 --token-file /etc/gpu-agent/token
     gpu-agent --simulate 4xH200 ...        # simulated GPUs, for machines without an NVIDIA driver
+    gpu-agent --runtime podman --volume-root /data ...   # jobs that name an image run in OCI containers
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import socket
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -21,6 +23,7 @@ from celery.signals import worker_shutdown
 
 from workers.agent.cgroups import host_capacity
 from workers.agent.client import AgentConfigError, ConsoleClient
+from workers.agent.containers import ContainerRuntime
 from workers.agent.gpus.base import GpuBackend
 from workers.agent.runner import JobProcess, JobRunner, JobUids, RunAs, kill_leftover_jobs, resolve_run_as
 from workers.agent.sandbox import views_unavailable
@@ -28,6 +31,7 @@ from workers.agent.sharing import over_share
 from workers.agent.telemetry import TelemetryLoop
 from workers.broker import TRANSPORT as FILESYSTEM_TRANSPORT
 from workers.protocol import (
+    CONTAINER_RUNTIMES,
     HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
     RUN_JOB_TASK,
@@ -91,6 +95,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=[n for n in os.environ.get("GPU_AGENT_PASS_ENV", "").split(",") if n],
                         metavar="NAME", help="an environment variable of the agent's that jobs inherit besides "
                                              "the built-in allow-list; repeatable (env GPU_AGENT_PASS_ENV)")
+    parser.add_argument("--runtime", choices=CONTAINER_RUNTIMES, default=os.environ.get("GPU_AGENT_RUNTIME") or "process",
+                        help="how jobs that name an image run: in podman or docker containers; 'process' (the "
+                             "default) runs every job on the host and fails jobs that name an image "
+                             "(env GPU_AGENT_RUNTIME)")
+    parser.add_argument("--volume-root", action="append", type=Path,
+                        default=[Path(p) for p in os.environ.get("GPU_AGENT_VOLUME_ROOTS", "").split(os.pathsep) if p],
+                        metavar="PATH", help="a folder under which the console's named volumes may be bound into "
+                                             "containers; any other mount source fails the job; repeatable (env "
+                                             "GPU_AGENT_VOLUME_ROOTS, colon-separated)")
+    parser.add_argument("--oci-runtime", default=os.environ.get("GPU_AGENT_OCI_RUNTIME", ""), metavar="NAME",
+                        help="the OCI runtime podman/docker use (e.g. runc where crun cannot run: cgroup v1 "
+                             "hybrid hosts); default: theirs (env GPU_AGENT_OCI_RUNTIME)")
     parser.add_argument("--log-level", default=os.environ.get("GPU_AGENT_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     if not valid_address(args.address):
@@ -176,7 +192,23 @@ def open_gpu_backend(args: argparse.Namespace) -> GpuBackend:
         raise SystemExit(f"gpu-agent: {exc}") from None
 
 
-def registration(args: argparse.Namespace, backend: GpuBackend) -> Registration:
+def open_container_runtime(args: argparse.Namespace, backend: GpuBackend) -> ContainerRuntime | None:
+    if args.runtime == "process":
+        return None
+    if os.geteuid() != 0:
+        raise SystemExit(f"gpu-agent: --runtime {args.runtime} needs the agent to run as root (it starts each "
+                         "job's container under the job's own uid)")
+    runtime = ContainerRuntime(args.runtime, volume_roots=tuple(args.volume_root), oci_runtime=args.oci_runtime,
+                               simulated=backend.kind == "simulated",
+                               gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()})
+    why = runtime.available()
+    if why:
+        raise SystemExit(f"gpu-agent: --runtime {args.runtime}: {why}")
+    return runtime
+
+
+def registration(args: argparse.Namespace, backend: GpuBackend,
+                 containers: ContainerRuntime | None = None) -> Registration:
     info = backend.driver_info()
     return Registration(
         host=args.name,
@@ -188,6 +220,8 @@ def registration(args: argparse.Namespace, backend: GpuBackend) -> Registration:
         address=args.address,
         cpus=host_capacity()[0],
         memory_mb=host_capacity()[1],
+        runtime=containers.kind if containers else "process",
+        images=containers.images() if containers else [],
         protocol=PROTOCOL_VERSION,
     )
 
@@ -210,6 +244,7 @@ def register_until_accepted(client: ConsoleClient, message: Registration, stop: 
 
 
 def heartbeat_loop(client: ConsoleClient, runner: JobRunner, message: Registration, stop: threading.Event) -> None:
+    containers = runner.containers
     while not stop.wait(HEARTBEAT_INTERVAL_S):
         try:
             reply = client.heartbeat(runner.running())
@@ -222,7 +257,7 @@ def heartbeat_loop(client: ConsoleClient, runner: JobRunner, message: Registrati
         if reply.get("came_back"):
             logger.info("the console had marked this host down; registering again")
             try:
-                client.register(message)
+                client.register(replace(message, images=containers.images()) if containers else message)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("re-registration failed: %s", exc)
         for job_id, attempt in reply.get("stop", []):
@@ -283,6 +318,11 @@ def main(argv: list[str] | None = None) -> None:
     leftovers = kill_leftover_jobs(work_root) if work_root.exists() else []
     if leftovers:
         logger.warning("killed %d job process groups left by a previous run: %s", len(leftovers), leftovers)
+    containers = open_container_runtime(args, backend)
+    if containers is not None:
+        removed = containers.remove_leftovers(args.name)
+        if removed:
+            logger.warning("removed %d containers left by a previous run: %s", len(removed), ", ".join(removed))
 
     def attach(job: JobProcess) -> None:
         for index in job.dispatch.gpu_indices:
@@ -304,10 +344,13 @@ def main(argv: list[str] | None = None) -> None:
                        on_attach=attach, on_detach=detach,
                        gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
                        mps=backend.kind == "nvml" and not args.no_mps, address=args.address, run_as=run_as,
-                       job_uids=job_uids)
+                       job_uids=job_uids, containers=containers)
     logger.info("job isolation: %s", describe_isolation(run_as, job_uids))
+    if containers is not None:
+        logger.info("jobs that name an image run in %s containers; mounts only below %s", containers.kind,
+                    ", ".join(map(str, containers.volume_roots)) or "(no --volume-root: none)")
     stop = threading.Event()
-    message = registration(args, backend)
+    message = registration(args, backend, containers)
     try:
         register_until_accepted(client, message, stop)
     except AgentConfigError as exc:

@@ -40,6 +40,7 @@ from typing import Any, TextIO
 
 from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected
+from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
 from workers.protocol import (
@@ -235,6 +236,7 @@ class JobProcess:
     # A replica's weights (another job's artifact), staged in its home where its uid can read them.
     checkpoint: Path | None = None
     cgroup: JobCgroup | None = None  # its memory, CPU and process limits (workers/agent/cgroups.py)
+    container: ContainerJob | None = None  # a job in an image (workers/agent/containers.py)
 
     def __post_init__(self) -> None:
         if self.home is None:
@@ -272,6 +274,7 @@ class JobRunner:
         mask_paths: tuple[Path, ...] = (),
         pass_env: tuple[str, ...] = (),
         console_url: str = "",
+        containers: ContainerRuntime | None = None,
     ) -> None:
         self.client = client
         self.work_root = work_root
@@ -302,6 +305,7 @@ class JobRunner:
         # The address other hosts reach this one at: torchrun advertises it to the other nodes' workers.
         self.address = address
         self.cgroups = CgroupSupport(simulated=simulated)
+        self.containers = containers  # --runtime podman|docker; None: every job runs as processes
 
     # --- what the console asks for
 
@@ -336,6 +340,8 @@ class JobRunner:
                 logger.error("job %s not started: %s", dispatch.job_id, exc)
                 self._forget(job)
                 return "busy"
+        if dispatch.container.image and self.containers is not None:
+            self.containers.adopt(job, self)
         try:
             reply = self.client.report(
                 dispatch.job_id,
@@ -344,7 +350,10 @@ class JobRunner:
                     isolation=self.isolation(job),
                     gpu_share=job.limits.mechanism if job.limits else "",
                     gpu_memory_limit_mb=job.limits.memory_mb if job.limits else None,
-                    limits=self.cgroups.describe(dispatch),
+                    limits=(self.containers.describe_limits(dispatch) if self.containers and job.container
+                            else self.cgroups.describe(dispatch)),
+                    backend=self.containers.kind if self.containers and job.container else "process",
+                    image=job.container.resolved or job.container.image if job.container else "",
                 ), node_rank=job.node_rank),
                 attempts=5,
             )
@@ -437,6 +446,8 @@ class JobRunner:
         return self.job_uids is not None and job.user is not None and job.user is not self.run_as
 
     def isolation(self, job: JobProcess) -> JobIsolation:
+        if job.container is not None and self.containers is not None:
+            return self.containers.isolation(job, self._has_own_uid(job))
         if job.user is None:
             return JobIsolation("agent-user", os.geteuid(), private_view=False)
         return JobIsolation("own-uid" if self._has_own_uid(job) else "shared-user", job.user.uid, private_view=True)
@@ -482,29 +493,32 @@ class JobRunner:
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600),
                              "a", encoding="utf-8")
             argv = self.command(dispatch, checkpoint=job.checkpoint)
-            env = self.environment(job)
+            if job.container is not None:  # the image's interpreter, not the agent's
+                argv = [CONTAINER_PYTHON if i == 0 and arg == self.python else arg for i, arg in enumerate(argv)]
             _write_private(job.workdir / "command.json", json.dumps({"argv": argv}))
-            view_options: list[str] = []
-            if job.user is not None:
-                _write_private(job.workdir / "view.json", self.view(job).to_json())
-                view_options = ["--view", str(job.workdir / "view.json")]
             self._send_log(job, f"[agent] job {dispatch.job_id} attempt {dispatch.attempt} on {dispatch.host} "
                                 f"GPUs {','.join(map(str, dispatch.gpu_indices))}: {' '.join(argv)}\n")
-            if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.home / argv[0]).is_file():
-                raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
-            job.cgroup = self.cgroups.for_job(dispatch)
-            shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
-                    "--stop-file", str(job.workdir / "stop-grace"),
-                    *(job.user.shim_options() if job.user else []), *view_options,
-                    *(job.cgroup.shim_options() if job.cgroup else []), "--"]
-            job.process = self._launcher.popen(
-                [*shim, *argv], cwd=job.home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        except (OSError, ValueError) as exc:
+            if dispatch.container.image:
+                if self.containers is None or job.container is None:
+                    raise ContainerError(f"this host runs jobs as processes (gpu-agent --runtime process): it "
+                                         f"cannot run the image {dispatch.container.image}")
+                command, env, env_fd = self.containers.launch(job, self, argv, lambda text: self._send_log(job, text))
+                try:
+                    job.process = self._launcher.popen(
+                        command, cwd=job.workdir, env=env, pass_fds=(env_fd,), stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                finally:
+                    os.close(env_fd)
+            else:
+                command, env = self._host_command(job, argv)
+                job.process = self._launcher.popen(
+                    command, cwd=job.home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+        except (OSError, ValueError, ContainerError) as exc:
             if local_log is not None:
                 local_log.close()
-            reason = f"could not start the job: {exc}"
+            reason = str(exc) if isinstance(exc, ContainerError) else f"could not start the job: {exc}"
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._send_log(job, f"[agent] {reason}\n")
             self._finish(job, JobStatus("failed", dispatch.attempt, exit_code=code, reason=reason,
@@ -529,7 +543,26 @@ class JobRunner:
             (job.workdir / "job.pid").unlink(missing_ok=True)
             if self.on_detach:
                 self.on_detach(job)
+        if job.container is not None and self.containers is not None:
+            self.containers.collect(job.container, job.cgroup, returncode)  # how it ended (OOM), then removed
         self._finish(job, self._outcome(job, returncode))
+
+    def _host_command(self, job: JobProcess, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The shim's argv and environment that run `argv` as processes on this host (the process backend)."""
+        assert job.home is not None
+        env = self.environment(job)
+        view_options: list[str] = []
+        if job.user is not None:
+            _write_private(job.workdir / "view.json", self.view(job).to_json())
+            view_options = ["--view", str(job.workdir / "view.json")]
+        if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.home / argv[0]).is_file():
+            raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
+        job.cgroup = self.cgroups.for_job(job.dispatch)
+        shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
+                "--stop-file", str(job.workdir / "stop-grace"),
+                *(job.user.shim_options() if job.user else []), *view_options,
+                *(job.cgroup.shim_options() if job.cgroup else []), "--"]
+        return [*shim, *argv], env
 
     def _outcome(self, job: JobProcess, returncode: int) -> JobStatus:
         attempt, rank = job.dispatch.attempt, job.node_rank
@@ -543,6 +576,8 @@ class JobRunner:
             return JobStatus("succeeded", attempt, exit_code=0, reason="exited with code 0", node_rank=rank)
         if job.cgroup is not None and job.cgroup.oom_killed(returncode):
             return JobStatus("failed", attempt, exit_code=code, reason=job.cgroup.oom_reason(), node_rank=rank)
+        if job.container is not None and job.container.oom_killed:
+            return JobStatus("failed", attempt, exit_code=code, reason=job.container.oom_reason(), node_rank=rank)
         return JobStatus("failed", attempt, exit_code=code, reason=describe_exit(returncode), node_rank=rank)
 
     def _finish(self, job: JobProcess, status: JobStatus) -> None:
@@ -600,6 +635,7 @@ class JobRunner:
         progress_file = job.home / PROGRESS_FILE_NAME
         progress_offset = 0
         room = self.log_max_chars  # characters still kept; past it the output is read and dropped
+        mask = job.container.mask if job.container is not None else None  # secret values never reach the log
         with local_log:
             while True:
                 ready, _, _ = select.select([fd], [], [], LOG_FLUSH_INTERVAL_S)
@@ -608,6 +644,8 @@ class JobRunner:
                     chunk = os.read(fd, 65536)
                     eof = not chunk
                     text = decoder.decode(chunk, final=eof)
+                    if mask:
+                        text = mask.feed(text) + (mask.flush() if eof else "")
                     if text and room > 0:
                         if len(text) >= room:
                             text = (text[:room] + f"\n[agent] output past {self.log_max_chars} characters is "

@@ -9,6 +9,9 @@ daemonizes or when torchrun puts its workers in process groups of their own. It 
 - on SIGTERM from the agent (forwarded to the tree; SIGKILL after the grace period);
 - when the agent dies, even by kill -9 (the kernel sends the shim SIGTERM through PR_SET_PDEATHSIG).
 
+With --orphan-cleanup (a JSON argv: the container backend's `podman rm -f NAME`), the shim runs that command
+once the tree is gone if the agent died meanwhile, so a job's container does not outlive it either.
+
 With --uid (the agent's --run-as user), only the job's processes switch to that user: the shim keeps the agent's
 identity, so the job can neither signal its supervisor nor leave the subtree it reaps and kills. With --view (a
 file of the agent's), the job's first process enters a private mount namespace laid out as the file says
@@ -21,8 +24,10 @@ import argparse
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +39,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.05
+CLEANUP_TIMEOUT_S = 60.0
 
 
 def _prctl(option: int, value: int) -> None:
@@ -83,6 +89,7 @@ class Shim:
         self.main_pid = 0
         self.main_status: int | None = None
         self.kill_at: float | None = None
+        self.parent = os.getppid()
 
     def on_term(self, signum: int, frame: object) -> None:
         if self.kill_at is not None:
@@ -133,11 +140,10 @@ class Shim:
 
     def run(self) -> int:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        parent = os.getppid()
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGINT, self.on_term)
-        if os.getppid() != parent:  # the agent died before the death signal was armed
+        if self.orphaned():  # the agent died before the death signal was armed
             return 1
         self.spawn()
         while self.reap():
@@ -148,6 +154,17 @@ class Shim:
                 signal_tree(signal.SIGKILL)
             time.sleep(POLL_S)
         return self.main_status if self.main_status is not None else 0
+
+    def orphaned(self) -> bool:
+        """Whether the agent that started the shim is gone."""
+        return os.getppid() != self.parent
+
+
+def orphan_cleanup(argv: list[str]) -> None:
+    """Run the cleanup command (its output to the job's log, which may no longer be read)."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=CLEANUP_TIMEOUT_S, check=False)
 
 
 def exit_like(status: int) -> None:
@@ -172,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--view", type=Path, help="the job's filesystem view (JSON, see workers/agent/sandbox.py)")
     parser.add_argument("--cgroup-procs", action="append", default=[], metavar="FILE",
                         help="a cgroup.procs file the job's first process joins before it execs (repeatable)")
+    parser.add_argument("--orphan-cleanup", metavar="JSON",
+                        help="a command (JSON list) to run after the tree is gone, if the agent died meanwhile")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -183,7 +202,11 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--uid needs --gid")
         user = (args.uid, args.gid, [int(group) for group in args.groups.split(",") if group])
     view = FilesystemView.from_json(args.view.read_text()) if args.view else None
-    exit_like(Shim(command, args.grace, args.stop_file, user, args.cgroup_procs, view).run())
+    shim = Shim(command, args.grace, args.stop_file, user, args.cgroup_procs, view)
+    status = shim.run()
+    if args.orphan_cleanup and shim.orphaned():
+        orphan_cleanup([str(arg) for arg in json.loads(args.orphan_cleanup)])
+    exit_like(status)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,183 @@
+"""A real JobRunner with the podman backend, talking through a real ConsoleClient to a small HTTP server that
+records what an agent reports (status, log, progress) and serves code snapshots the way the job API does."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.containers import images
+from workers.agent.client import ConsoleClient
+from workers.agent.containers import ContainerRuntime
+from workers.agent.runner import JobRunner, JobUids
+from workers.protocol import CONTAINER_LABEL_HOST, JOB_CODE_PATH, ContainerSpec, Dispatch
+
+JOB_UIDS = (1_610_050_000, 1_610_050_999)
+
+
+def _unusable() -> str | None:
+    why = images.missing_tools()
+    if why:
+        return why
+    if os.geteuid() != 0:
+        return "the container backend runs as root (podman as root, jobs under uids of their own)"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _podman_here() -> None:
+    why = _unusable()
+    if why:
+        pytest.skip(f"container backend tests: {why}")
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    images.ensure(images.BASE_IMAGE)
+    return images.BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def torch_image() -> str:
+    images.ensure(images.TORCH_IMAGE)
+    return images.TORCH_IMAGE
+
+
+@dataclass
+class Console:
+    """What the agent reported, per job id."""
+
+    url: str = ""
+    statuses: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    logs: dict[int, list[str]] = field(default_factory=dict)
+    progress: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    code: dict[str, bytes] = field(default_factory=dict)  # job token -> the snapshot it may fetch
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def log(self, job_id: int) -> str:
+        return "".join(self.logs.get(job_id, []))
+
+    def final(self, job_id: int) -> dict[str, Any] | None:
+        ends = [s for s in self.statuses.get(job_id, []) if s["state"] != "running"]
+        return ends[-1] if ends else None
+
+    def wait(self, condition, *, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not (value := condition()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+                self.changed.wait(min(left, 1.0))
+        return value
+
+    def wait_final(self, job_id: int, timeout: float = 120) -> dict[str, Any]:
+        final = self.wait(lambda: self.final(job_id), timeout=timeout, what=f"the end of job {job_id}")
+        return final  # type: ignore[no-any-return]
+
+
+def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, code: int, body: bytes, kind: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - the job API's code snapshot
+            token = self.headers.get("Authorization", "").removeprefix("Job ")
+            if self.path == JOB_CODE_PATH and token in console.code:
+                self._answer(200, console.code[token], "application/gzip")
+            else:
+                self._answer(404, b"{}")
+
+        def do_POST(self) -> None:  # noqa: N802 - the agent API
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            parts = self.path.strip("/").split("/")  # api v1 agent jobs ID kind
+            with console.changed:
+                if parts[3:4] == ["jobs"]:
+                    job_id, kind = int(parts[4]), parts[5]
+                    if kind == "status":
+                        console.statuses.setdefault(job_id, []).append(body)
+                    elif kind == "logs":
+                        console.logs.setdefault(job_id, []).append(body["data"])
+                    elif kind == "progress":
+                        console.progress.setdefault(job_id, []).append(body["progress"])
+                console.changed.notify_all()
+            self._answer(200, json.dumps({"accepted": True, "queue": "q"}).encode())
+
+    return Handler
+
+
+@pytest.fixture
+def console() -> Iterator[Console]:
+    recorded = Console()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(recorded))
+    recorded.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield recorded
+    server.shutdown()
+    server.server_close()
+
+
+def oci_runtime() -> str:
+    """runc where podman's default would be crun (which cannot run on this host's hybrid cgroups)."""
+    return "runc" if subprocess.run(["which", "runc"], capture_output=True).returncode == 0 else ""
+
+
+@dataclass
+class Agent:
+    runner: JobRunner
+    host: str
+    volumes: Path
+    next_id: int = 1
+
+    def dispatch(self, image: str, command: list[str], **extra: Any) -> Dispatch:
+        container = extra.pop("container", {})
+        job_id, self.next_id = self.next_id, self.next_id + 1
+        options: dict[str, Any] = {"gpu_indices": (0,), "kind": "train", "preset": "", "time_limit_s": 600,
+                                   "job_token": secrets.token_hex(8), **extra}
+        return Dispatch(job_id=job_id, attempt=1, host=self.host, workload={"command": command},
+                        container=ContainerSpec(image=image, **container), **options)
+
+    def containers(self) -> list[str]:
+        """This agent's containers, running or not, as podman lists them."""
+        listed = subprocess.run(["podman", "ps", "-a", "--filter", f"label={CONTAINER_LABEL_HOST}={self.host}",
+                                 "--format", "{{.Names}}"], capture_output=True, text=True, check=True)
+        return listed.stdout.split()
+
+
+@pytest.fixture
+def agent(console: Console, tmp_path: Path) -> Iterator[Agent]:
+    host = f"ct-{uuid.uuid4().hex[:8]}"
+    volumes = tmp_path / "volumes"
+    volumes.mkdir()
+    runtime = ContainerRuntime("podman", volume_roots=(volumes,), oci_runtime=oci_runtime(), simulated=True)
+    runner = JobRunner(ConsoleClient(console.url, "host-token"), work_root=tmp_path / "work",
+                       artifacts_root=tmp_path / "artifacts", simulated=True, grace_s=5.0, preempt_grace_s=10.0,
+                       job_uids=JobUids(*JOB_UIDS), console_url=console.url, containers=runtime)
+    made = Agent(runner, host, volumes)
+    yield made
+    runner.shutdown()
+    runtime.remove_leftovers(host)
+    for folder in runtime.cgroups.host_dirs(host).values():
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -1,0 +1,259 @@
+"""Jobs in OCI containers, run by a real JobRunner with real podman and locally built images."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.containers.conftest import JOB_UIDS, Agent, Console
+from workers.protocol import CODE_PATH, CONTAINER_HOME, JOB_CODE_PATH, CodeSnapshot, MountSpec
+
+PROGRESS_SCRIPT = (
+    "import json, os\n"
+    "with open(os.environ['CONSOLE_PROGRESS_FILE'], 'a') as f:\n"
+    "    f.write(json.dumps({'type': 'progress', 'step': 3, 'total_steps': 3, 'loss': 0.5}) + '\\n')\n"
+    "print('uid', os.getuid(), 'home', os.environ['HOME'], 'cwd', os.getcwd(), flush=True)\n"
+    "print('greeting', os.environ.get('GREETING'), 'token', os.environ.get('WANDB_API_KEY'), flush=True)\n"
+    "import sys; sys.stdout.write('split s3cr'); sys.stdout.flush()\n"
+    "import time; time.sleep(0.3); print('et-value-42 done', flush=True)\n"
+    "import workers.runtime, workers.protocol\n"
+    "print('runtime at', workers.runtime.__file__)\n"
+)
+# Ends on SIGTERM after writing a checkpoint (what a preempted job does), else sleeps.
+TERM_SCRIPT = (
+    "import os, signal, sys, time\n"
+    "def term(*_):\n"
+    "    open(os.path.join(os.environ['CONSOLE_CHECKPOINT_DIR'], 'ckpt'), 'w').write('step 7')\n"
+    "    print('checkpointed', flush=True); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def job_processes() -> list[int]:
+    """Processes running under the test agents' job uids (a container's processes included)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+            if JOB_UIDS[0] <= uid <= JOB_UIDS[1]:
+                found.append(int(entry))
+    return found
+
+
+def targz(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def upload(console: Console, token: str, files: dict[str, str]) -> dict[str, CodeSnapshot]:
+    archive = targz(files)
+    console.code[token] = archive
+    return {"code": CodeSnapshot("upload", JOB_CODE_PATH, sha256=hashlib.sha256(archive).hexdigest(),
+                                 size=len(archive))}
+
+
+def test_a_job_runs_in_its_image_under_its_own_uid_with_env_secret_masked_and_progress(
+        agent: Agent, console: Console, base_image: str) -> None:
+    secret = "s3cret-value-42"
+    dispatch = agent.dispatch(base_image, ["python3", "-c", PROGRESS_SCRIPT],
+                              container={"env": {"GREETING": "hello"}, "secrets": {"WANDB_API_KEY": secret}})
+    assert agent.runner.start(dispatch) == "started"
+    final = console.wait_final(dispatch.job_id)
+    log = console.log(dispatch.job_id)
+    assert final["state"] == "succeeded", log
+    running = console.statuses[dispatch.job_id][0]
+    assert running["state"] == "running" and running["details"]["backend"] == "podman"
+    assert running["details"]["image"].startswith("localhost/gpu-console-test-base@sha256:")
+    assert running["details"]["isolation"] == "own-uid"
+    assert f"home {CONTAINER_HOME} cwd {CONTAINER_HOME}" in log and "uid 1610050" in log
+    assert "greeting hello token ****" in log and "split **** done" in log and secret not in log
+    assert secret not in (agent.runner.work_root / f"job-{dispatch.job_id}" / "attempt-1" / "output.log").read_text()
+    assert "runtime at /opt/gpu-console-runtime/workers/runtime/__init__.py" in log
+    assert console.progress[dispatch.job_id][-1]["step"] == 3
+    assert agent.containers() == []
+    assert not list((agent.runner.work_root / f"job-{dispatch.job_id}" / "attempt-1").glob("*env*"))
+
+
+def test_uploaded_code_is_the_working_directory(agent: Agent, console: Console, base_image: str) -> None:
+    dispatch = agent.dispatch(base_image, ["python3", "main.py"])
+    dispatch = agent.dispatch(base_image, ["python3", "main.py"], job_token=dispatch.job_token,
+                              container=upload(console, dispatch.job_token,
+                                               {"main.py": "import os; print('in', os.getcwd(), open('data.txt').read())",
+                                                "data.txt": "payload"}))
+    agent.runner.start(dispatch)
+    assert console.wait_final(dispatch.job_id)["state"] == "succeeded", console.log(dispatch.job_id)
+    assert f"in {CODE_PATH} payload" in console.log(dispatch.job_id)
+
+
+def test_a_snapshot_that_does_not_match_its_digest_fails_the_job(agent: Agent, console: Console,
+                                                                 base_image: str) -> None:
+    dispatch = agent.dispatch(base_image, ["python3", "main.py"])
+    snapshot = upload(console, dispatch.job_token, {"main.py": "print(1)"})["code"]
+    bad = CodeSnapshot("upload", JOB_CODE_PATH, sha256="0" * 64, size=snapshot.size)
+    dispatch = agent.dispatch(base_image, ["python3", "main.py"], job_token=dispatch.job_token,
+                              container={"code": bad})
+    agent.runner.start(dispatch)
+    final = console.wait_final(dispatch.job_id)
+    assert final["state"] == "failed" and "could not fetch the job's code" in final["reason"]
+    assert "sha256" in final["reason"]
+
+
+def test_git_code_is_checked_out_at_its_commit(agent: Agent, console: Console, base_image: str,
+                                              tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "main.py").write_text("print('version one')")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (repo / "main.py").write_text("print('version two')")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    dispatch = agent.dispatch(base_image, ["python3", "main.py"],
+                              container={"code": CodeSnapshot("git", str(repo), ref="main", commit=commit)})
+    agent.runner.start(dispatch)
+    assert console.wait_final(dispatch.job_id)["state"] == "succeeded", console.log(dispatch.job_id)
+    assert "version one" in console.log(dispatch.job_id)
+
+
+def test_mounts_only_below_the_volume_roots_read_only_by_default(agent: Agent, console: Console,
+                                                                base_image: str, tmp_path: Path) -> None:
+    (agent.volumes / "data").mkdir()
+    (agent.volumes / "data" / "x.txt").write_text("dataset")
+    script = ("print(open('/mnt/data/x.txt').read())\n"
+              "try:\n    open('/mnt/data/y', 'w')\nexcept OSError as e:\n    print('write refused', e.errno)\n")
+    good = agent.dispatch(base_image, ["python3", "-c", script],
+                          container={"mounts": (MountSpec("data", str(agent.volumes / "data"), "/mnt/data"),)})
+    agent.runner.start(good)
+    assert console.wait_final(good.job_id)["state"] == "succeeded", console.log(good.job_id)
+    assert "dataset" in console.log(good.job_id) and "write refused 30" in console.log(good.job_id)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for source in (outside, agent.volumes / ".." / "elsewhere"):
+        bad = agent.dispatch(base_image, ["true"], container={"mounts": (MountSpec("x", str(source), "/mnt/x"),)})
+        agent.runner.start(bad)
+        final = console.wait_final(bad.job_id)
+        assert final["state"] == "failed" and "outside this host's volume roots" in final["reason"]
+    assert agent.containers() == []
+
+
+def test_a_missing_image_that_cannot_be_pulled_fails_the_job(agent: Agent, console: Console) -> None:
+    dispatch = agent.dispatch("registry.invalid/nothing/here:1", ["true"])
+    agent.runner.start(dispatch)
+    final = console.wait_final(dispatch.job_id, timeout=180)
+    assert final["state"] == "failed" and final["reason"].startswith("image not found: registry.invalid/nothing")
+    assert "[agent] pulling registry.invalid/nothing/here:1" in console.log(dispatch.job_id)
+
+
+@pytest.mark.integration
+def test_a_job_past_its_memory_limit_fails_out_of_memory(agent: Agent, console: Console, base_image: str) -> None:
+    dispatch = agent.dispatch(base_image, ["python3", "-c", "x = bytearray(600 * 2**20); print('survived')"],
+                              memory_gb=0.25)
+    agent.runner.start(dispatch)
+    final = console.wait_final(dispatch.job_id)
+    assert final["state"] == "failed", console.log(dispatch.job_id)
+    assert final["reason"] == "out of memory: the job exceeded its memory limit of 0.25 GB"
+    assert "survived" not in console.log(dispatch.job_id).splitlines()
+    assert agent.containers() == []
+
+
+def wait_ready(console: Console, job_id: int) -> None:
+    console.wait(lambda: "ready" in console.log(job_id).splitlines(), timeout=60, what=f"job {job_id} to start")
+
+
+@pytest.mark.integration
+def test_cancel_and_time_limit_leave_no_container_and_no_process(agent: Agent, console: Console,
+                                                                 base_image: str) -> None:
+    # A job that ignores SIGTERM: killed after the grace period.
+    stubborn = agent.dispatch(base_image, ["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                                            "signal.SIG_IGN); print('ready', flush=True); "
+                                                            "time.sleep(600)"])
+    agent.runner.start(stubborn)
+    wait_ready(console, stubborn.job_id)
+    assert job_processes() and agent.containers()
+    agent.runner.stop(stubborn.job_id, 1, "cancelled by a user")
+    final = console.wait_final(stubborn.job_id)
+    assert final["state"] == "stopped" and final["reason"].startswith("cancelled by a user")
+    limited = agent.dispatch(base_image, ["python3", "-c", "import time; print('ready', flush=True); time.sleep(600)"],
+                             time_limit_s=3)
+    agent.runner.start(limited)
+    final = console.wait_final(limited.job_id)
+    assert final["state"] == "failed" and final["reason"].startswith("time limit of 0.05 minutes exceeded")
+    assert agent.containers() == [] and job_processes() == []
+
+
+@pytest.mark.integration
+def test_preemption_reaches_the_job_which_checkpoints(agent: Agent, console: Console, base_image: str) -> None:
+    dispatch = agent.dispatch(base_image, ["python3", "-c", TERM_SCRIPT])
+    agent.runner.start(dispatch)
+    wait_ready(console, dispatch.job_id)
+    agent.runner.stop(dispatch.job_id, 1, "preempted by an urgent job", state="preempted")
+    final = console.wait_final(dispatch.job_id)
+    assert final["state"] == "preempted" and "checkpointed" in console.log(dispatch.job_id)
+    checkpoint = agent.runner.artifacts_root / str(dispatch.job_id) / "checkpoints" / "ckpt"
+    assert checkpoint.read_text() == "step 7"
+    assert agent.containers() == [] and job_processes() == []
+
+
+@pytest.mark.integration
+def test_kill_9_of_the_agent_leaves_no_container_and_no_process(agent: Agent, console: Console, base_image: str,
+                                                                 tmp_path: Path) -> None:
+    dispatch = agent.dispatch(base_image, ["python3", "-c", "import time; print('ready', flush=True); time.sleep(600)"])
+    process = subprocess.Popen([sys.executable, "-m", "tests.containers.agent_process", console.url,
+                                str(tmp_path / "killed"), __import__("json").dumps(dispatch.to_message())],
+                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "started"
+        wait_ready(console, dispatch.job_id)
+        assert agent.containers() and job_processes()
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        console.wait(lambda: not agent.containers() and not job_processes(), timeout=60,
+                     what="the container and its processes to go")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+@pytest.mark.integration
+def test_ddp_job_with_two_simulated_gpus_runs_torchrun_in_the_image(agent: Agent, console: Console,
+                                                                    torch_image: str) -> None:
+    script = ("import os, torch, torch.distributed as dist\n"
+              "dist.init_process_group('gloo')\n"
+              "t = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(t)\n"
+              "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'sum', t.item(),\n"
+              "      'cvd', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+              "dist.destroy_process_group()\n")
+    first = agent.dispatch(torch_image, ["python", "train.py"])
+    dispatch = agent.dispatch(torch_image, ["python", "train.py"], gpu_indices=(2, 3), multi_process=True,
+                              preset="ddp", job_token=first.job_token,
+                              container=upload(console, first.job_token, {"train.py": script}))
+    agent.runner.start(dispatch)
+    final = console.wait_final(dispatch.job_id, timeout=300)
+    log = console.log(dispatch.job_id)
+    assert final["state"] == "succeeded", log
+    assert "python3 -m torch.distributed.run --nproc-per-node 2 --standalone" in log
+    assert "rank 0 of 2 sum 3.0 cvd 0,1" in log and "rank 1 of 2 sum 3.0 cvd 0,1" in log
+    assert agent.containers() == []
