@@ -257,3 +257,32 @@ def test_ddp_job_with_two_simulated_gpus_runs_torchrun_in_the_image(agent: Agent
     assert "python3 -m torch.distributed.run --nproc-per-node 2 --standalone" in log
     assert "rank 0 of 2 sum 3.0 cvd 0,1" in log and "rank 1 of 2 sum 3.0 cvd 0,1" in log
     assert agent.containers() == []
+
+
+def test_leftover_containers_of_the_host_are_removed_and_images_listed(agent: Agent, base_image: str) -> None:
+    runtime = agent.runner.containers
+    assert runtime is not None
+    for name in ("a", "b"):
+        subprocess.run(["podman", "create", "--name", f"leftover-{agent.host}-{name}", "--label",
+                        f"gpu-console.host={agent.host}", base_image, "true"], check=True, capture_output=True)
+    other = subprocess.run(["podman", "create", "--label", "gpu-console.host=someone-else", base_image, "true"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        assert sorted(runtime.remove_leftovers(agent.host)) == [f"leftover-{agent.host}-a", f"leftover-{agent.host}-b"]
+        assert agent.containers() == []
+        assert subprocess.run(["podman", "container", "exists", other]).returncode == 0
+    finally:
+        subprocess.run(["podman", "rm", "-f", other], capture_output=True)
+    listed = {record.name: record for record in runtime.images()}
+    assert listed[base_image].id and listed[base_image].size_mb > 10 and listed[base_image].created
+
+
+def test_an_agent_without_a_container_runtime_fails_a_job_that_names_an_image(
+        agent: Agent, console: Console, base_image: str) -> None:
+    agent.runner.containers = None
+    dispatch = agent.dispatch(base_image, ["true"])
+    agent.runner.start(dispatch)
+    final = console.wait_final(dispatch.job_id)
+    assert final["state"] == "failed"
+    assert final["reason"] == f"this host runs jobs as processes (gpu-agent --runtime process): it cannot run the image {base_image}"
+    assert console.statuses[dispatch.job_id][0]["details"]["backend"] == "process"

@@ -149,6 +149,12 @@ class ContainerRuntime:
         names = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
         for name in names:
             self.remove(name)
+        if self.cgroups.enabled:  # their job cgroups, and what podman left inside (conmon's)
+            for folder in self.cgroups.host_dirs(host).values():
+                for job in folder.glob("job-*/"):
+                    _remove_cgroup_children(job)
+                    with contextlib.suppress(OSError):
+                        job.rmdir()
         return names
 
     def remove(self, name: str) -> None:
@@ -373,16 +379,21 @@ class ContainerRuntime:
         """The job's shim is done: read how the container ended, then remove it."""
         container.oom_killed = self.oom_killed(container.name) or _hit_memory_limit(cgroup, returncode)
         self.remove(container.name)
-        if cgroup is not None:  # the container's own cgroup, should the runtime have left it
+        if cgroup is not None:  # conmon's cgroup inside the job's, and the container's should podman leave it
             for folder in cgroup.dirs.values():
-                for child in folder.glob("*/"):
-                    with contextlib.suppress(OSError):
-                        child.rmdir()
+                _remove_cgroup_children(folder)
 
 
 CGROUP_PARENT = "gpu-agent-containers"
 # A job's uid inside its container when the agent hands out none (--job-uids off and no --run-as).
 CONTAINER_FALLBACK_UID = 1_610_099_999
+
+
+def _remove_cgroup_children(folder: Path) -> None:
+    for child in sorted(folder.glob("**/"), key=lambda path: len(path.parts), reverse=True):
+        if child != folder:
+            with contextlib.suppress(OSError):
+                child.rmdir()
 
 
 def _hit_memory_limit(cgroup: JobCgroup | None, returncode: int) -> bool:

@@ -7,6 +7,7 @@ end of the output) decides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 MASK = "****"
@@ -15,8 +16,9 @@ MIN_SECRET_CHARS = 4  # shorter values would mask ordinary text ("1", "on") and 
 
 class SecretMask:
     def __init__(self, values: Iterable[str]) -> None:
-        # Longest first: a value that contains another is masked whole.
+        # Longest first: at any position the longest value wins (one that contains another is masked whole).
         self.values = sorted({v for v in values if len(v) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, self.values))) if self.values else None
         self._held = ""
 
     def __bool__(self) -> bool:
@@ -24,25 +26,34 @@ class SecretMask:
 
     def feed(self, text: str) -> str:
         """What of `text` (after what was held back) can be released now, masked."""
-        if not self.values:
+        if self._pattern is None:
             return text
-        text = self._replace(self._held + text)
-        keep = self._open_prefix(text)
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[: len(text) - keep]
+        buffer = self._held + text
+        return self._release(buffer, len(buffer) - self._open_suffix(buffer))
 
     def flush(self) -> str:
-        """The end of the output: release what was held back."""
-        held, self._held = self._held, ""
-        return held
+        """The end of the output: release what was held back (masked: it may hold a whole shorter value)."""
+        if self._pattern is None:
+            return ""
+        buffer, self._held = self._held, ""
+        return self._release(buffer, len(buffer))
 
-    def _replace(self, text: str) -> str:
-        for value in self.values:
-            text = text.replace(value, MASK)
-        return text
+    def _release(self, buffer: str, hold_at: int) -> str:
+        """Mask every value that starts before `hold_at`; keep the rest back."""
+        assert self._pattern is not None
+        parts, position = [], 0
+        for match in self._pattern.finditer(buffer):
+            if match.start() >= hold_at:
+                break
+            parts += [buffer[position:match.start()], MASK]
+            position = match.end()
+        end = max(hold_at, position)
+        parts.append(buffer[position:end])
+        self._held = buffer[end:]
+        return "".join(parts)
 
-    def _open_prefix(self, text: str) -> int:
-        """Length of the longest end of `text` that is the start of some secret (0: none)."""
+    def _open_suffix(self, text: str) -> int:
+        """Length of the longest end of `text` that is a proper start of some secret (0: none)."""
         longest = 0
         for value in self.values:
             for size in range(min(len(value) - 1, len(text)), longest, -1):
