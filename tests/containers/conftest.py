@@ -25,7 +25,10 @@ from workers.agent.containers import ContainerRuntime
 from workers.agent.runner import JobRunner, JobUids
 from workers.protocol import CONTAINER_LABEL_HOST, JOB_CODE_PATH, ContainerSpec, Dispatch
 
-JOB_UIDS = (1_610_050_000, 1_610_050_999)
+# Job uids of these tests' agents: a range per xdist worker, so that one worker's check that no job process is
+# left never sees another's jobs.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+JOB_UIDS = (1_610_050_000 + 1000 * _WORKER, 1_610_050_999 + 1000 * _WORKER)
 
 
 def _unusable() -> str | None:
@@ -153,10 +156,11 @@ class Agent:
 
     def dispatch(self, image: str, command: list[str], **extra: Any) -> Dispatch:
         container = extra.pop("container", {})
+        workload = extra.pop("workload", {"command": command})
         job_id, self.next_id = self.next_id, self.next_id + 1
         options: dict[str, Any] = {"gpu_indices": (0,), "kind": "train", "preset": "", "time_limit_s": 600,
                                    "job_token": secrets.token_hex(8), **extra}
-        return Dispatch(job_id=job_id, attempt=1, host=self.host, workload={"command": command},
+        return Dispatch(job_id=job_id, attempt=1, host=self.host, workload=workload,
                         container=ContainerSpec(image=image, **container), **options)
 
     def containers(self) -> list[str]:

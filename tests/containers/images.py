@@ -8,6 +8,7 @@ prints how long each took.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ BASE_IMAGE = "localhost/gpu-console-test-base:1"
 TORCH_IMAGE = "localhost/gpu-console-test-torch:1"
 TORCH_VERSION = "2.13.0"
 WHEELS = Path("/opt/wheels")
+LOCK = Path(tempfile.gettempdir()) / "gpu-console-test-images.lock"
 TORCH_CONTAINERFILE = f"""\
 FROM {BASE_IMAGE}
 RUN pip install --break-system-packages --no-cache-dir --find-links /opt/wheels \\
@@ -61,14 +63,17 @@ def build_torch() -> float:
 
 
 def ensure(image: str) -> float:
-    """Build `image` (and what it stands on) unless podman has it; seconds spent building (0: cached)."""
+    """Build `image` (and what it stands on) unless podman has it; seconds spent building (0: cached). One
+    builder at a time on this machine (pytest-xdist workers ask at once)."""
     spent = 0.0
-    if not exists(BASE_IMAGE):
-        spent += build_base()
-    if image == TORCH_IMAGE and not exists(TORCH_IMAGE):
-        if not WHEELS.is_dir():
-            raise RuntimeError(f"{WHEELS} holds no torch wheel to build {TORCH_IMAGE} from")
-        spent += build_torch()
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not exists(BASE_IMAGE):
+            spent += build_base()
+        if image == TORCH_IMAGE and not exists(TORCH_IMAGE):
+            if not WHEELS.is_dir():
+                raise RuntimeError(f"{WHEELS} holds no torch wheel to build {TORCH_IMAGE} from")
+            spent += build_torch()
     return spent
 
 

@@ -26,6 +26,7 @@ PROGRESS_SCRIPT = (
     "import time; time.sleep(0.3); print('et-value-42 done', flush=True)\n"
     "import workers.runtime, workers.protocol\n"
     "print('runtime at', workers.runtime.__file__)\n"
+    "print('fds', sorted(int(fd) for fd in os.listdir('/proc/self/fd')))\n"
 )
 # Ends on SIGTERM after writing a checkpoint (what a preempted job does), else sleeps.
 TERM_SCRIPT = (
@@ -85,10 +86,11 @@ def test_a_job_runs_in_its_image_under_its_own_uid_with_env_secret_masked_and_pr
     assert running["state"] == "running" and running["details"]["backend"] == "podman"
     assert running["details"]["image"].startswith("localhost/gpu-console-test-base@sha256:")
     assert running["details"]["isolation"] == "own-uid"
-    assert f"home {CONTAINER_HOME} cwd {CONTAINER_HOME}" in log and "uid 1610050" in log
+    assert f"home {CONTAINER_HOME} cwd {CONTAINER_HOME}" in log and f"uid {JOB_UIDS[0]}" in log
     assert "greeting hello token ****" in log and "split **** done" in log and secret not in log
     assert secret not in (agent.runner.work_root / f"job-{dispatch.job_id}" / "attempt-1" / "output.log").read_text()
     assert "runtime at /opt/gpu-console-runtime/workers/runtime/__init__.py" in log
+    assert "fds [0, 1, 2, 3]" in log  # nothing of the agent's (the env file's memfd) leaks in
     assert console.progress[dispatch.job_id][-1]["step"] == 3
     assert agent.containers() == []
     assert not list((agent.runner.work_root / f"job-{dispatch.job_id}" / "attempt-1").glob("*env*"))
@@ -286,3 +288,20 @@ def test_an_agent_without_a_container_runtime_fails_a_job_that_names_an_image(
     assert final["state"] == "failed"
     assert final["reason"] == f"this host runs jobs as processes (gpu-agent --runtime process): it cannot run the image {base_image}"
     assert console.statuses[dispatch.job_id][0]["details"]["backend"] == "process"
+
+
+@pytest.mark.integration
+def test_a_builtin_ddp_preset_runs_from_the_mounted_runtime_with_progress_and_outputs(
+        agent: Agent, console: Console, torch_image: str) -> None:
+    dispatch = agent.dispatch(torch_image, [], preset="ddp", multi_process=True, gpu_indices=(0, 1), max_steps=4,
+                              workload={"builtin": "tiny-lm", "params": {"batch_size": 8, "d_model": 32,
+                                                                        "layers": 1, "seq_len": 16}})
+    agent.runner.start(dispatch)
+    final = console.wait_final(dispatch.job_id, timeout=300)
+    assert final["state"] == "succeeded", console.log(dispatch.job_id)
+    assert "python3 -m torch.distributed.run --nproc-per-node 2 --standalone -m workers.runtime.run_builtin" in \
+        console.log(dispatch.job_id)
+    assert console.progress[dispatch.job_id][-1]["step"] == 4
+    outputs = agent.runner.artifacts_root / str(dispatch.job_id) / "outputs"
+    assert any(outputs.iterdir())
+    assert agent.containers() == []

@@ -1,0 +1,32 @@
+"""What a container agent tells the console when it registers: its runtime and its cached images."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.agent import main
+
+
+def test_a_podman_agent_registers_its_runtime_and_images(base_image: str, tmp_path) -> None:
+    args = main.parse_args(["--name", "reg-host", "--simulate", "2xH200", "--runtime", "podman",
+                            "--volume-root", str(tmp_path), "--oci-runtime", "runc"])
+    backend = main.open_gpu_backend(args)
+    containers = main.open_container_runtime(args, backend)
+    assert containers is not None and containers.volume_roots == (tmp_path.resolve(),)
+    message = main.registration(args, backend, containers).to_message()
+    assert message["runtime"] == "podman"
+    assert base_image in {image["name"] for image in message["images"]}
+
+
+def test_the_default_runtime_is_process_with_no_images(monkeypatch) -> None:
+    monkeypatch.delenv("GPU_AGENT_RUNTIME", raising=False)
+    args = main.parse_args(["--name", "reg-host", "--simulate", "1xH200"])
+    backend = main.open_gpu_backend(args)
+    assert main.open_container_runtime(args, backend) is None
+    message = main.registration(args, backend).to_message()
+    assert (message["runtime"], message["images"]) == ("process", [])
+
+
+def test_an_unknown_runtime_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        main.parse_args(["--runtime", "lxc"])
