@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -305,3 +306,45 @@ def test_a_builtin_ddp_preset_runs_from_the_mounted_runtime_with_progress_and_ou
     outputs = agent.runner.artifacts_root / str(dispatch.job_id) / "outputs"
     assert any(outputs.iterdir())
     assert agent.containers() == []
+
+
+@pytest.mark.integration
+def test_a_gang_job_rendezvouses_across_two_agents_on_the_host_network(
+        agent: Agent, console: Console, torch_image: str, tmp_path: Path) -> None:
+    from tests.containers.conftest import oci_runtime
+    from tests.integration.live import free_port
+    from workers.agent.client import ConsoleClient
+    from workers.agent.containers import ContainerRuntime
+    from workers.agent.runner import JobRunner, JobUids
+    from workers.protocol import Rendezvous
+
+    second = JobRunner(ConsoleClient(console.url, "host-token"), work_root=tmp_path / "work2",
+                       artifacts_root=agent.runner.artifacts_root, simulated=True, job_uids=JobUids(*JOB_UIDS),
+                       console_url=console.url, address="127.0.0.2",
+                       containers=ContainerRuntime("podman", oci_runtime=oci_runtime(), simulated=True))
+    # Two addresses, as two hosts have: c10d tells nodes apart by address and pid, and both containers' torchrun
+    # have the same pid.
+    agent.runner.address = "127.0.0.1"
+    script = ("import torch, torch.distributed as dist\n"
+              "dist.init_process_group('gloo')\n"
+              "t = torch.tensor([1.0]); dist.all_reduce(t)\n"
+              "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'sum', t.item(), flush=True)\n")
+    token = agent.dispatch(torch_image, []).job_token
+    code = upload(console, token, {"train.py": script})
+    endpoint, run_id = f"127.0.0.1:{free_port()}", "gang-test"
+    node0 = agent.dispatch(torch_image, ["python", "train.py"], multi_process=True, job_token=token, container=code,
+                           rendezvous=Rendezvous(endpoint, 2, 0, run_id))
+    node1 = replace(node0, host=f"{agent.host}-b", rendezvous=Rendezvous(endpoint, 2, 1, run_id))
+    try:
+        agent.runner.start(node0)
+        second.start(node1)
+        console.wait(lambda: len([s for s in console.statuses.get(node0.job_id, []) if s["state"] != "running"]) == 2,
+                     timeout=300, what="both nodes to end")
+        ends = [s for s in console.statuses[node0.job_id] if s["state"] != "running"]
+        log = console.log(node0.job_id)
+        assert [s["state"] for s in ends] == ["succeeded", "succeeded"], log
+        assert "rank 0 of 2 sum 2.0" in log and "rank 1 of 2 sum 2.0" in log
+        assert "--network host" not in log  # the agent's flags stay out of the job's log
+    finally:
+        second.shutdown()
+        second.containers.remove_leftovers(f"{agent.host}-b")  # type: ignore[union-attr]
