@@ -246,8 +246,8 @@ def test_ddp_job_with_two_simulated_gpus_runs_torchrun_in_the_image(agent: Agent
     script = ("import os, torch, torch.distributed as dist\n"
               "dist.init_process_group('gloo')\n"
               "t = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(t)\n"
-              "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'sum', t.item(),\n"
-              "      'cvd', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+              "os.write(1, f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()} '\n"
+              "         f'cvd {os.environ[\"CUDA_VISIBLE_DEVICES\"]}\\n'.encode())  # one write: ranks share a pipe\n"
               "dist.destroy_process_group()\n")
     first = agent.dispatch(torch_image, ["python", "train.py"])
     dispatch = agent.dispatch(torch_image, ["python", "train.py"], gpu_indices=(2, 3), multi_process=True,
@@ -325,10 +325,10 @@ def test_a_gang_job_rendezvouses_across_two_agents_on_the_host_network(
     # Two addresses, as two hosts have: c10d tells nodes apart by address and pid, and both containers' torchrun
     # have the same pid.
     agent.runner.address = "127.0.0.1"
-    script = ("import torch, torch.distributed as dist\n"
+    script = ("import os, torch, torch.distributed as dist\n"
               "dist.init_process_group('gloo')\n"
               "t = torch.tensor([1.0]); dist.all_reduce(t)\n"
-              "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'sum', t.item(), flush=True)\n")
+              "os.write(1, f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()}\\n'.encode())\n")
     token = agent.dispatch(torch_image, []).job_token
     code = upload(console, token, {"train.py": script})
     endpoint, run_id = f"127.0.0.1:{free_port()}", "gang-test"
@@ -348,3 +348,20 @@ def test_a_gang_job_rendezvouses_across_two_agents_on_the_host_network(
     finally:
         second.shutdown()
         second.containers.remove_leftovers(f"{agent.host}-b")  # type: ignore[union-attr]
+
+
+def test_a_job_stopped_while_its_image_is_pulled_ends_stopped(agent: Agent, console: Console) -> None:
+    import socket
+
+    with socket.socket() as registry:  # accepts and never answers: the pull hangs in its TLS handshake
+        registry.bind(("127.0.0.1", 0))
+        registry.listen(8)
+        image = f"127.0.0.1:{registry.getsockname()[1]}/hangs/forever:1"
+        dispatch = agent.dispatch(image, ["true"])
+        agent.runner.start(dispatch)
+        console.wait(lambda: f"[agent] pulling {image} ..." in console.log(dispatch.job_id), timeout=60,
+                     what="the pull to start")
+        agent.runner.stop(dispatch.job_id, 1, "cancelled by a user")
+        final = console.wait_final(dispatch.job_id, timeout=120)
+    assert (final["state"], final["reason"]) == ("stopped", "cancelled by a user")
+    assert agent.containers() == []

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -187,14 +188,23 @@ class ContainerRuntime:
                 return digest
         return digests[0] if digests else str(entry.get("Id") or "")
 
-    def pull(self, image: str, log: Callable[[str], None], popen: Callable[..., subprocess.Popen[bytes]]) -> None:
-        """Pull `image`, streaming the runtime's output into the job's log; ContainerError if it fails."""
+    def pull(self, image: str, log: Callable[[str], None], popen: Callable[..., subprocess.Popen[bytes]],
+             stopped: Callable[[], bool] = lambda: False) -> None:
+        """Pull `image`, streaming the runtime's output into the job's log; ContainerError if it fails, takes
+        longer than PULL_TIMEOUT_S, or the job is stopped meanwhile."""
         log(f"[agent] pulling {image} ...\n")
         process = popen([self.binary, "pull", image], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT)
-        timer = threading.Timer(PULL_TIMEOUT_S, process.kill)
-        timer.daemon = True
-        timer.start()
+        done = threading.Event()
+
+        def watch() -> None:
+            deadline = time.monotonic() + PULL_TIMEOUT_S
+            while not done.wait(0.5):
+                if stopped() or time.monotonic() > deadline:
+                    process.kill()
+                    return
+
+        threading.Thread(target=watch, name=f"pull-{image}", daemon=True).start()
         last = ""
         try:
             assert process.stdout is not None
@@ -205,7 +215,7 @@ class ContainerRuntime:
                     log(f"[agent] pulling {image}: {line}\n")
             code = process.wait()
         finally:
-            timer.cancel()
+            done.set()
         if code != 0:
             raise ContainerError(f"image not found: {image} ({self.kind} pull: {last or f'exit code {code}'})")
 
@@ -275,7 +285,7 @@ class ContainerRuntime:
             _chown_tree(code, job.user.uid, job.user.gid)
             binds.append(_bind(code, CODE_PATH, read_only=False))
         if not job.container.resolved:
-            self.pull(spec.image, log, runner._launcher.popen)
+            self.pull(spec.image, log, runner._launcher.popen, stopped=lambda: job.stop_state is not None)
             job.container.resolved = self.resolve(spec.image) or spec.image
         log(f"[agent] image {spec.image} ({job.container.resolved}), {self.kind} container {job.container.name}\n")
         return binds

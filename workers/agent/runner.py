@@ -521,8 +521,9 @@ class JobRunner:
             reason = str(exc) if isinstance(exc, ContainerError) else f"could not start the job: {exc}"
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._send_log(job, f"[agent] {reason}\n")
-            self._finish(job, JobStatus("failed", dispatch.attempt, exit_code=code, reason=reason,
-                                        node_rank=job.node_rank))
+            state = job.stop_state or "failed"  # stopped while it was starting (a pull): that is the end
+            self._finish(job, JobStatus(state, dispatch.attempt, exit_code=code, node_rank=job.node_rank,
+                                        reason=job.stop_reason if job.stop_state else reason))
             return
         try:
             _write_private(job.workdir / "job.pid", str(job.process.pid))
