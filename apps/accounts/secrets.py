@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -66,7 +65,7 @@ def secrets_visible_to(user: AnyUser, team: Team) -> QuerySet[TeamSecret]:
     return access.restrict(TeamSecret.objects.filter(team=team), user, access.Action.VIEW)
 
 
-def secret_create(*, team: Team, name: str, value: str, actor: AbstractBaseUser,
+def secret_create(*, team: Team, name: str, value: str, actor: AnyUser,
                   request: HttpRequest | None = None) -> TeamSecret:
     access.require(actor, access.Action.MANAGE_SECRETS, team)
     _check(name=name, value=value)
@@ -81,7 +80,7 @@ def secret_create(*, team: Team, name: str, value: str, actor: AbstractBaseUser,
     return secret
 
 
-def secret_rotate(*, secret: TeamSecret, value: str, actor: AbstractBaseUser,
+def secret_rotate(*, secret: TeamSecret, value: str, actor: AnyUser,
                   request: HttpRequest | None = None) -> TeamSecret:
     """A new value for the secret (version + 1); jobs that name it get it at their next dispatch."""
     access.require(actor, access.Action.MANAGE_SECRETS, secret)
@@ -97,7 +96,7 @@ def secret_rotate(*, secret: TeamSecret, value: str, actor: AbstractBaseUser,
     return locked
 
 
-def secret_delete(*, secret: TeamSecret, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
+def secret_delete(*, secret: TeamSecret, actor: AnyUser, request: HttpRequest | None = None) -> None:
     """Delete the secret; a queued job that still names it is refused at dispatch (secret_values)."""
     access.require(actor, access.Action.MANAGE_SECRETS, secret)
     with transaction.atomic():

@@ -10,7 +10,6 @@ import posixpath
 from collections.abc import Iterable
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
@@ -111,7 +110,7 @@ def volumes_usable_by(team_id: int) -> QuerySet[Volume]:
         team_id=team_id).values("volume_id")))
 
 
-def _audit(actor: AbstractBaseUser, volume: Volume, request: HttpRequest | None, **details: Any) -> None:
+def _audit(actor: AnyUser, volume: Volume, request: HttpRequest | None, **details: Any) -> None:
     audit_record(AuditEvent.Action.VOLUME_CHANGED, actor=actor, target=f"volume {volume.name}", request=request,
                  **details)
 
@@ -121,7 +120,7 @@ def _summary(volume: Volume) -> dict[str, Any]:
             "all_teams": volume.all_teams, "teams": sorted(volume.teams.values_list("slug", flat=True))}
 
 
-def volume_create(*, actor: AbstractBaseUser, name: str, host_path: str, target: str = "", read_only: bool = True,
+def volume_create(*, actor: AnyUser, name: str, host_path: str, target: str = "", read_only: bool = True,
                   teams: Iterable[Team] = (), all_teams: bool = False, description: str = "",
                   request: HttpRequest | None = None) -> Volume:
     access.require(actor, access.Action.ADMINISTER)
@@ -137,7 +136,7 @@ def volume_create(*, actor: AbstractBaseUser, name: str, host_path: str, target:
     return volume
 
 
-def volume_update(*, volume: Volume, actor: AbstractBaseUser, request: HttpRequest | None = None,
+def volume_update(*, volume: Volume, actor: AnyUser, request: HttpRequest | None = None,
                   **changes: Any) -> Volume:
     """Change a volume (any of host_path, target, read_only, teams, all_teams, description). Jobs that name it
     get the new definition at their next dispatch."""
@@ -155,7 +154,7 @@ def volume_update(*, volume: Volume, actor: AbstractBaseUser, request: HttpReque
     return volume
 
 
-def volume_delete(*, volume: Volume, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
+def volume_delete(*, volume: Volume, actor: AnyUser, request: HttpRequest | None = None) -> None:
     access.require(actor, access.Action.ADMINISTER)
     with transaction.atomic():
         _audit(actor, volume, request, deleted=True, **_summary(volume))

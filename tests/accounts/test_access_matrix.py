@@ -25,8 +25,10 @@ from django.urls import URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from apps.accounts import access
+from apps.accounts.secrets import secret_create
 from apps.accounts.services import token_create
 from apps.cluster.services import host_token_issue
+from apps.cluster.volumes import volume_create
 from apps.jobs.models import Job
 from apps.quotas.models import QuotaRequest
 from apps.serving.models import InferenceService
@@ -65,6 +67,8 @@ def fx(world) -> Fixture:
         world.nlp, world.other, "n")
     token, _ = token_create(user=world.member, name="matrix")
     _, secret = host_token_issue(name="node-a")
+    secret_create(team=world.vision, name="WANDB_API_KEY", value="v1", actor=world.manager)
+    volume_create(actor=world.admin, name="imagenet", host_path="/data/imagenet", teams=[world.vision])
     return Fixture(
         world=world, vjob=vjob, mine=mine, njob=njob,
         service=InferenceService.objects.create(team=world.vision, name="digits", owner=world.member,
@@ -189,6 +193,19 @@ MATRIX: dict[str, list[Row]] = {
             data={"max_gpus": 12}),
     ],
     "api/v1/teams/<slug:slug>/usage/": [Row("GET", lambda f: "/api/v1/teams/vision/usage/", VISION)],
+    # --- team secrets: names for the team, changes for its managers; others do not learn the team has any
+    "api/v1/teams/<slug:slug>/secrets/": [
+        Row("GET", lambda f: "/api/v1/teams/vision/secrets/", VISION),
+        Row("POST", lambda f: "/api/v1/teams/vision/secrets/", statuses(201, 201, 403, 404, 404, 401, 401),
+            data={"name": "HF_TOKEN", "value": "hf-1"}),
+    ],
+    "api/v1/teams/<slug:slug>/secrets/<str:name>/": [
+        Row("GET", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/", VISION),
+        Row("PUT", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/",
+            statuses(200, 200, 403, 404, 404, 401, 401), data={"value": "v2"}),
+        Row("DELETE", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/",
+            statuses(204, 204, 403, 404, 404, 401, 401)),
+    ],
     # --- users and tokens
     "api/v1/^users/$": [
         Row("GET", lambda f: "/api/v1/users/", same(200)),
@@ -218,6 +235,18 @@ MATRIX: dict[str, list[Row]] = {
     "api/v1/^hosts/$": [Row("GET", lambda f: "/api/v1/hosts/", same(200))],
     "api/v1/^hosts/(?P<name>[\\w.-]+)/$": [
         Row("GET", lambda f: "/api/v1/hosts/node-a/", statuses(200, 200, 200, 200, 404, 401, 401)),
+    ],
+    # --- volumes: admins define them; others list those their teams may use
+    "api/v1/^volumes/$": [
+        Row("GET", lambda f: "/api/v1/volumes/", same(200)),
+        Row("POST", lambda f: "/api/v1/volumes/", statuses(201, 403, 403, 403, 403, 401, 401),
+            data={"name": "corpus", "host_path": "/data/corpus"}),
+    ],
+    "api/v1/^volumes/(?P<name>[^/.]+)/$": [
+        Row("GET", lambda f: "/api/v1/volumes/imagenet/", VISION),
+        Row("PATCH", lambda f: "/api/v1/volumes/imagenet/", statuses(200, 403, 403, 403, 403, 401, 401),
+            data={"read_only": False}),
+        Row("DELETE", lambda f: "/api/v1/volumes/imagenet/", statuses(204, 403, 403, 403, 403, 401, 401)),
     ],
     # --- jobs
     "api/v1/^jobs/$": [
