@@ -355,6 +355,23 @@ MATRIX: dict[str, list[Row]] = {
         Row("POST", lambda f: f"/teams/vision/quota-requests/{f.quota_request.pk}/decision/", ADMIN_PAGE_403,
             kind="page", data={"decision": "approve"}),
     ],
+    "teams/<slug:slug>/secrets/": [
+        Row("GET", lambda f: "/teams/vision/secrets/", VISION_PAGE, kind="page"),
+        Row("POST", lambda f: "/teams/vision/secrets/", statuses(200, 200, 403, 404, 404, LOGIN, LOGIN),
+            kind="page", data={"name": "HF_TOKEN", "value": "hf-1"}, note="the answer shows the value once"),
+    ],
+    "teams/<slug:slug>/secrets/<str:name>/rotate/": [
+        Row("POST", lambda f: "/teams/vision/secrets/WANDB_API_KEY/rotate/",
+            statuses(200, 200, 403, 404, 404, LOGIN, LOGIN), kind="page", data={"value": "v2"}),
+    ],
+    "teams/<slug:slug>/secrets/<str:name>/delete/": [
+        Row("GET", lambda f: "/teams/vision/secrets/WANDB_API_KEY/delete/",
+            statuses(200, 200, 403, 404, 404, LOGIN, LOGIN), kind="page", note="the confirmation"),
+        Row("POST", lambda f: "/teams/vision/secrets/WANDB_API_KEY/delete/",
+            statuses(302, 302, 403, 404, 404, LOGIN, LOGIN), kind="page", data={}),
+    ],
+    "hosts/<str:name>/": [Row("GET", lambda f: "/hosts/node-a/", statuses(200, 200, 200, 200, 404, LOGIN, LOGIN),
+                              kind="page", note="hosts are cluster-wide: whoever holds a role somewhere")],
     "reports/usage/": [Row("GET", lambda f: "/reports/usage/", statuses(200, 200, 404, 404, 404, LOGIN, LOGIN),
                            kind="page")],
     "alerts/": [Row("GET", lambda f: "/alerts/", same(200, anonymous=LOGIN), kind="page")],
