@@ -22,7 +22,7 @@ from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 
 __all__ = ["SECRET_VALUE_MAX_CHARS", "name_problem", "secret_create", "secret_delete", "secret_rotate",
-           "secret_values", "secrets_visible_to", "validate_secret_names", "value_problem"]
+           "secret_values", "secrets_reencrypt", "secrets_visible_to", "validate_secret_names", "value_problem"]
 
 SECRET_VALUE_MAX_CHARS = 32 * 1024
 # Variables the agent and the runtime set for every job: a secret of the same name would override them.
@@ -140,3 +140,23 @@ def secret_values(team_id: int, names: list[str]) -> dict[str, str]:
             f"Secret(s) {', '.join(sorted(unreadable))} cannot be decrypted with the console's keys "
             "(CONSOLE_SECRETS_KEY); a manager sets them again."]})
     return values
+
+
+def secrets_reencrypt() -> tuple[int, list[str]]:
+    """Encrypt every secret again with the first key of CONSOLE_SECRETS_KEY (after a key rotation, before the old
+    key is removed). Returns how many rows were rewritten and the team/name of those no key opens. Values and
+    versions are unchanged: jobs see no difference."""
+    done, unreadable = 0, []
+    for pk in TeamSecret.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            secret = TeamSecret.objects.select_for_update().select_related("team").filter(pk=pk).first()
+            if secret is None:  # deleted meanwhile
+                continue
+            try:
+                secret.ciphertext = secret_box.reencrypt(secret.ciphertext)
+            except secret_box.InvalidToken:
+                unreadable.append(f"{secret.team.slug}/{secret.name}")
+                continue
+            secret.save(update_fields=["ciphertext"])
+            done += 1
+    return done, unreadable
