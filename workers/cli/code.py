@@ -9,14 +9,16 @@ from workers.cli.client import Api
 from workers.cli.errors import CliError, UsageError
 from workers.cli.output import err
 from workers.codepack import CodePackError, CodeTooLarge, PackedCode, human_size, pack
+from workers.protocol import CODE_SNAPSHOT_MAX_BYTES
 
 SNAPSHOTS_PATH = "code-snapshots/"
+MAX_BYTES = CODE_SNAPSHOT_MAX_BYTES  # the console refuses a bigger archive
 
 
 def pack_folder(folder: str, *, quiet: bool = False) -> PackedCode:
     """The folder packed, its warnings and a one-line summary on stderr. Past the cap: a usage error (exit 2)."""
     try:
-        packed = pack(Path(folder))
+        packed = pack(Path(folder), max_bytes=MAX_BYTES)
     except CodeTooLarge as exc:
         raise UsageError(f"--code {folder}: {exc}") from None
     except CodePackError as exc:

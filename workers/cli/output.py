@@ -171,7 +171,8 @@ def job_detail(job: dict[str, Any]) -> str:
     add("request", f"{job.get('kind')}, {gpus_text(job)} GPU(s), priority {job.get('priority')}, "
                    f"preset {job.get('preset')}")
     add("workload", workload_text(job.get("workload")))
-    add("image", job.get("image"))
+    resolved = job.get("resolved_image")
+    add("image", (job.get("image") or "") + (f" (ran {resolved})" if resolved and resolved != job.get("image") else ""))
     add("backend", job.get("backend"))
     add("code", code_text(job.get("code")))
     for key in ("env", "secrets", "mounts"):  # env: the names only, as for secrets

@@ -57,9 +57,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(items)
     elif items:
-        out(table(["NAME", "CREATED", "UPDATED"],
-                  [[item.get("name"), when(item.get("created_at")),
-                    when(item.get("updated_at") or item.get("rotated_at"))] for item in items]))
+        out(table(["NAME", "VERSION", "CREATED", "BY", "ROTATED"],
+                  [[item.get("name"), item.get("version", "-"), when(item.get("created_at")),
+                    item.get("created_by") or "-", when(item.get("rotated_at"))] for item in items]))
     else:
         err(f"Team {slug} has no secrets.")
     return EXIT_OK
