@@ -308,3 +308,21 @@ def test_secret_errors(gpuctl, recorder):
     assert denied.code == 1 and "Only the team's managers" in denied.err
     assert gpuctl("secret").code == 2  # no action
     assert gpuctl("secret", "create", "--team", "vision").code == 2  # no name
+
+
+def test_status_shows_the_image_code_and_names_never_values():
+    from workers.cli.output import job_detail
+
+    job = {**JOB, "kind": "train", "gpus": 1, "priority": "normal", "preset": "ddp",
+           "workload": {"command": ["python", "train.py"]}, "image": "localhost/train:2",
+           "resolved_image": "localhost/train@sha256:abc", "backend": "podman",
+           "code": {"snapshot": SNAPSHOT, "download": f"/api/v1/code-snapshots/{SNAPSHOT}/download/"},
+           "env": {"EPOCHS": "3", "PLAIN": "visible-value"}, "secrets": ["WANDB_API_KEY"], "mounts": ["imagenet"]}
+    text = job_detail(job)
+    assert "image:        localhost/train:2 (ran localhost/train@sha256:abc)" in text
+    assert "backend:      podman" in text and f"code:         snapshot {SNAPSHOT}" in text
+    assert "env:          EPOCHS, PLAIN" in text and "visible-value" not in text
+    assert "secrets:      WANDB_API_KEY" in text and "mounts:       imagenet" in text
+    git = job_detail({**JOB, "code": {"git": {"url": "https://x.org/a.git", "ref": "main",
+                                              "commit": "1a2b3c4d5e6f7a8b9c0d"}}})
+    assert "code:         https://x.org/a.git @ 1a2b3c4d5e6f (main)" in git
