@@ -30,8 +30,11 @@ from workers.protocol import CODE_SNAPSHOT_MAX_BYTES
 
 IGNORE_FILES = (".gitignore", ".consoleignore")
 ALWAYS_LEFT_OUT = frozenset({".git"})
-# A snapshot's most entries (files, folders, links): bounds the inodes an archive of empty files could create.
-CODE_SNAPSHOT_MAX_FILES = 100_000
+# The archive itself is capped at workers.protocol.CODE_SNAPSHOT_MAX_BYTES. Unpacked, a snapshot holds at most
+# this much and this many entries (files, folders, links): a gzip bomb, or an archive of a million empty files,
+# is refused while it is read. The console checks an upload against the same bounds.
+CODE_SNAPSHOT_MAX_UNPACKED_BYTES = 4 * 1024**3
+CODE_SNAPSHOT_MAX_FILES = 200_000
 COMPRESS_LEVEL = 6  # gzip's own default; 9 is ~3x slower for a few per cent
 _CHUNK = 1024 * 1024
 
@@ -193,13 +196,18 @@ def _biggest(entries: list[_Entry], count: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _check_caps(entries: list[_Entry], max_bytes: int, max_files: int) -> int:
+_HINT = "leave them out with a .consoleignore (same syntax as .gitignore) in the directory, or put data in a mount"
+
+
+def _too_large(what: str, entries: list[_Entry], *, total: int, limit: int) -> CodeTooLarge:
+    return CodeTooLarge(f"{what}; {_HINT}.\n{_biggest(entries)}", total=total, limit=limit)
+
+
+def _check_caps(entries: list[_Entry], max_unpacked_bytes: int, max_files: int) -> int:
     content = sum(entry.size for entry in entries)
-    hint = "leave them out with a .consoleignore (same syntax as .gitignore) in the directory"
-    if content > max_bytes:
-        raise CodeTooLarge(
-            f"the code to upload holds {human_size(content)}, over the cap of {human_size(max_bytes)}; "
-            f"{hint}, or put data in a mount.\n{_biggest(entries)}", total=content, limit=max_bytes)
+    if content > max_unpacked_bytes:
+        raise _too_large(f"the code to upload holds {human_size(content)}, over the cap of "
+                         f"{human_size(max_unpacked_bytes)}", entries, total=content, limit=max_unpacked_bytes)
     if len(entries) > max_files:
         folders: dict[str, int] = {}
         for entry in entries:
@@ -207,7 +215,7 @@ def _check_caps(entries: list[_Entry], max_bytes: int, max_files: int) -> int:
             folders[top] = folders.get(top, 0) + 1
         crowded = heapq.nlargest(5, folders.items(), key=lambda item: item[1])
         raise CodeTooLarge(
-            f"the code to upload holds {len(entries)} entries, over the cap of {max_files}; {hint}.\n"
+            f"the code to upload holds {len(entries)} entries, over the cap of {max_files}; {_HINT}.\n"
             "most entries: " + ", ".join(f"{name} {number}" for name, number in crowded),
             total=len(entries), limit=max_files)
     return content
@@ -219,17 +227,20 @@ def _check_caps(entries: list[_Entry], max_bytes: int, max_files: int) -> int:
 class _CountingWriter:
     """A file's write end that hashes and counts what passes, and stops past `limit` bytes."""
 
-    def __init__(self, raw: BinaryIO, limit: int) -> None:
+    def __init__(self, raw: BinaryIO, limit: int, entries: list[_Entry], content: int) -> None:
         self.raw = raw
         self.limit = limit
         self.size = 0
         self.digest = hashlib.sha256()
+        self.entries = entries
+        self.content = content
 
     def write(self, data: bytes) -> int:
         self.size += len(data)
-        if self.size > self.limit:
-            raise CodeTooLarge(f"the compressed code is over the cap of {human_size(self.limit)}",
-                               total=self.size, limit=self.limit)
+        if self.size > self.limit:  # stop at once: no point compressing the rest
+            raise _too_large(f"the code to upload is over the cap of {human_size(self.limit)} compressed "
+                             f"({human_size(self.content)} of files)", self.entries, total=self.size,
+                             limit=self.limit)
         self.digest.update(data)
         return self.raw.write(data)
 
@@ -252,21 +263,23 @@ def _tarinfo(entry: _Entry) -> tarfile.TarInfo:
 
 
 def pack(directory: Path, *, max_bytes: int = CODE_SNAPSHOT_MAX_BYTES,
+         max_unpacked_bytes: int = CODE_SNAPSHOT_MAX_UNPACKED_BYTES,
          max_files: int = CODE_SNAPSHOT_MAX_FILES) -> PackedCode:
-    """`directory` as a tar.gz in a temporary file. Raises CodeTooLarge past the caps (on the files' own bytes,
-    and on the archive's), CodePackError when a file cannot be read."""
+    """`directory` as a tar.gz in a temporary file. Raises CodeTooLarge past the caps (`max_bytes` on the archive,
+    the others on what it unpacks to: what `unpack` accepts), naming the largest folders and files;
+    CodePackError when a file cannot be read."""
     root = Path(directory)
     if not root.is_dir():
         raise CodePackError(f"{directory} is not a directory")
     entries, warnings = _collect(root)
-    _check_caps(entries, max_bytes, max_files)
+    expected = _check_caps(entries, max_unpacked_bytes, max_files)
     fd, name = tempfile.mkstemp(prefix="code-snapshot-", suffix=".tar.gz")
     path = Path(name)
     content = files = 0
     real_root = Path(os.path.realpath(root))
     try:
         with os.fdopen(fd, "wb") as raw:
-            sink = _CountingWriter(raw, max_bytes)
+            sink = _CountingWriter(raw, max_bytes, entries, expected)
             with gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0,
                                compresslevel=COMPRESS_LEVEL) as compressed, \
                     tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -280,9 +293,9 @@ def pack(directory: Path, *, max_bytes: int = CODE_SNAPSHOT_MAX_BYTES,
                         with open(real_root / entry.rel, "rb") as source:
                             info.size = os.fstat(source.fileno()).st_size
                             content += info.size
-                            if content > max_bytes:
-                                raise CodeTooLarge(f"the code grew past the cap of {human_size(max_bytes)} while "
-                                                   "being packed", total=content, limit=max_bytes)
+                            if content > max_unpacked_bytes:
+                                raise CodeTooLarge(f"the code grew past the cap of {human_size(max_unpacked_bytes)} "
+                                                   "while being packed", total=content, limit=max_unpacked_bytes)
                             tar.addfile(info, source)
                     except OSError as exc:
                         raise CodePackError(f"cannot read {entry.rel}: {exc.strerror or exc}; leave it out with a "
@@ -305,7 +318,7 @@ def file_sha256(path: Path) -> str:
 # --- unpacking
 
 
-def _checked_members(tar: tarfile.TarFile, max_bytes: int, max_files: int) -> Iterator[tarfile.TarInfo]:
+def _checked_members(tar: tarfile.TarFile, max_unpacked_bytes: int, max_files: int) -> Iterator[tarfile.TarInfo]:
     """The archive's members, refusing types a code snapshot never holds and stopping at the caps before
     anything past them is written."""
     total = 0
@@ -317,12 +330,13 @@ def _checked_members(tar: tarfile.TarFile, max_bytes: int, max_files: int) -> It
         if not (member.isreg() or member.isdir() or member.issym()):
             raise UnsafeArchive(f"{member.name}: a code snapshot holds files, folders and links only")
         total += member.size
-        if total > max_bytes:
-            raise UnsafeArchive(f"the archive unpacks to more than {human_size(max_bytes)}")
+        if total > max_unpacked_bytes:
+            raise UnsafeArchive(f"the archive unpacks to more than {human_size(max_unpacked_bytes)}")
         yield member
 
 
 def unpack(archive: Path, dest: Path, *, max_bytes: int = CODE_SNAPSHOT_MAX_BYTES,
+           max_unpacked_bytes: int = CODE_SNAPSHOT_MAX_UNPACKED_BYTES,
            max_files: int = CODE_SNAPSHOT_MAX_FILES) -> None:
     """Extract a code snapshot into `dest` (created if missing). tarfile's "data" filter refuses absolute
     paths, `..`, links that leave `dest` and special files, and drops owners and odd mode bits; the archive's own
@@ -335,7 +349,7 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int = CODE_SNAPSHOT_MAX_BYTE
     try:
         with tarfile.open(archive, mode="r:gz") as tar:
             tar.errorlevel = 2
-            tar.extractall(dest, members=_checked_members(tar, max_bytes, max_files), filter="data")
+            tar.extractall(dest, members=_checked_members(tar, max_unpacked_bytes, max_files), filter="data")
     except tarfile.FilterError as exc:
         raise UnsafeArchive(f"refused to unpack: {exc}") from None
     except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, gzip.BadGzipFile) as exc:

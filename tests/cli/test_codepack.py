@@ -142,21 +142,25 @@ def test_links_inside_are_kept_relative_and_links_out_are_left_out_with_a_warnin
         assert any(w.startswith(f"{name}: a symbolic link") for w in warnings)
 
 
-def test_past_the_cap_the_error_names_the_biggest_folders_and_files(tree):
-    write(tree, {"data/big/weights.bin": b"\3" * 300_000, "data/big/other.bin": b"\4" * 100_000,
-                 "notes.bin": b"\5" * 50_000})
+def test_past_the_caps_the_error_names_the_biggest_folders_and_files(tree):
+    write(tree, {"data/big/weights.bin": os.urandom(300_000), "data/big/other.bin": os.urandom(100_000),
+                 "notes.bin": b"\5" * 50_000, "text/repetitive.txt": "the same line\n" * 20_000})
+    # The archive's cap: random bytes do not compress, so packing stops once past it.
     with pytest.raises(CodeTooLarge) as caught:
         pack(tree, max_bytes=200_000)
     message = str(caught.value)
-    assert "over the cap of 195.3 KiB" in message and ".consoleignore" in message
-    assert "largest folders: data/ 390.6 KiB" in message
-    assert "largest files: data/big/weights.bin 293.0 KiB, data/big/other.bin 97.7 KiB" in message
+    assert "over the cap of 195.3 KiB compressed (" in message and ".consoleignore" in message
+    assert "largest folders: data/ 390.6 KiB, text/ 273.4 KiB" in message
+    assert "largest files: data/big/weights.bin 293.0 KiB, text/repetitive.txt 273.4 KiB" in message
+    # The unpacked cap and the entries' cap are checked before anything is compressed.
+    with pytest.raises(CodeTooLarge, match=r"holds 7\d\d.\d KiB, over the cap of 488.3 KiB"):
+        pack(tree, max_unpacked_bytes=500_000)
     with pytest.raises(CodeTooLarge, match="entries, over the cap of 5"):
         pack(tree, max_files=5)
-    # Ignored files do not count.
+    # Ignored files do not count; text that compresses well fits under an archive cap smaller than itself.
     write(tree, {".consoleignore": "data/big/\nnotes.bin\n"})
     with pack(tree, max_bytes=200_000) as packed:
-        assert packed.content_bytes < 200_000
+        assert packed.size < 200_000 < packed.content_bytes
 
 
 def test_unreadable_files_and_missing_folders_are_clear_errors(tree):
@@ -219,7 +223,7 @@ def test_unpack_bounds_the_unpacked_size_and_the_entries(tmp_path):
     bomb = hostile(tmp_path, (info("zeros.bin", size=5_000_000), b"\0" * 5_000_000))
     assert bomb.stat().st_size < 100_000  # small on the wire, big on the disk
     with pytest.raises(UnsafeArchive, match="unpacks to more than"):
-        unpack(bomb, tmp_path / "out", max_bytes=1_000_000)
+        unpack(bomb, tmp_path / "out", max_unpacked_bytes=1_000_000)
     assert not (tmp_path / "out" / "zeros.bin").exists()
     many = hostile(tmp_path, *[(info(f"f{i}"), b"") for i in range(20)])
     with pytest.raises(UnsafeArchive, match="more than 10 entries"):

@@ -219,7 +219,7 @@ def test_code_past_the_cap_is_refused_before_anything_is_sent(gpuctl, recorder, 
     monkeypatch.setattr("workers.cli.code.MAX_BYTES", 10)
     result = gpuctl("submit", "--team", "vision", "--gpus", "1", "--code", project, "--", "python", "train.py")
     assert result.code == 2
-    assert "over the cap of 10 B" in result.err and "largest files: train.py" in result.err
+    assert "over the cap of 10 B compressed" in result.err and "largest files: train.py" in result.err
     assert recorder.requests == []
 
 

@@ -432,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = environment.add_mutually_exclusive_group()
     source.add_argument("--code", metavar="DIR",
                         help=f"pack DIR (honouring .gitignore and .consoleignore; at most "
-                             f"{human_size(CODE_SNAPSHOT_MAX_BYTES)}), upload it, and start the job in it "
+                             f"{human_size(CODE_SNAPSHOT_MAX_BYTES)} compressed), upload it, and start the job in it "
                              f"({CODE_PATH})")
     source.add_argument("--git", metavar="URL[@REF]",
                         help="start the job in a checkout of this repository at REF (a branch, tag or commit; "
