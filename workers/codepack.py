@@ -335,13 +335,14 @@ def _checked_members(tar: tarfile.TarFile, max_unpacked_bytes: int, max_files: i
         yield member
 
 
-def unpack(archive: Path, dest: Path, *, max_bytes: int = CODE_SNAPSHOT_MAX_BYTES,
+def unpack(archive: Path, dest: Path, max_bytes: int = CODE_SNAPSHOT_MAX_BYTES, *,
            max_unpacked_bytes: int = CODE_SNAPSHOT_MAX_UNPACKED_BYTES,
            max_files: int = CODE_SNAPSHOT_MAX_FILES) -> None:
     """Extract a code snapshot into `dest` (created if missing). tarfile's "data" filter refuses absolute
-    paths, `..`, links that leave `dest` and special files, and drops owners and odd mode bits; the archive's own
-    size, its unpacked size and its entry count are bounded. Raises UnsafeArchive, or CodePackError for an
-    archive that is not a tar.gz; `dest` may then hold part of it."""
+    paths, `..`, links that leave `dest` and special files, and drops owners and odd mode bits. `max_bytes` bounds
+    the archive file, `max_unpacked_bytes` and `max_files` what it unpacks to (checked as each entry is read,
+    before it is written). Raises UnsafeArchive, or CodePackError for an archive that is not a tar.gz (both are
+    ValueErrors); `dest` may then hold part of it."""
     size = Path(archive).stat().st_size
     if size > max_bytes:
         raise UnsafeArchive(f"the archive is {human_size(size)}, over the cap of {human_size(max_bytes)}")
