@@ -236,6 +236,8 @@ class _CountingWriter:
         self.content = content
 
     def write(self, data: bytes) -> int:
+        if self.size > self.limit:  # already refused: the gzip stream's closing writes go nowhere
+            return len(data)
         self.size += len(data)
         if self.size > self.limit:  # stop at once: no point compressing the rest
             raise _too_large(f"the code to upload is over the cap of {human_size(self.limit)} compressed "
