@@ -196,7 +196,7 @@ def _biggest(entries: list[_Entry], count: int = 5) -> str:
     return "\n".join(lines)
 
 
-_HINT = "leave them out with a .consoleignore (same syntax as .gitignore) in the directory, or put data in a mount"
+_HINT = "leave out what is not code with a .consoleignore (same syntax as .gitignore) in the folder, or put data in a mount"
 
 
 def _too_large(what: str, entries: list[_Entry], *, total: int, limit: int) -> CodeTooLarge:
