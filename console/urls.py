@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -11,6 +11,7 @@ from apps.accounts import secrets_api as accounts_secrets_api
 from apps.cluster import agent_api as cluster_agent_api
 from apps.cluster import api as cluster_api
 from apps.cluster import volumes_api as cluster_volumes_api
+from apps.core import runtime_package
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
 from apps.jobs import job_api as jobs_job_api
@@ -61,6 +62,9 @@ api_v1 = [
     path("job/progress/", jobs_job_api.JobSelfProgressView.as_view(), name="job-self-progress"),
     path("job/artifacts/", jobs_job_api.JobSelfArtifactsView.as_view(), name="job-self-artifacts"),
     path("job/artifacts/<path:path>", jobs_job_api.JobSelfArtifactView.as_view(), name="job-self-artifact"),
+    # The job runtime as a wheel for users' images (no login): a stable URL redirecting to the versioned file.
+    path("runtime/wheel/", runtime_package.wheel_latest, name="runtime-wheel"),
+    re_path(r"^runtime/(?P<filename>[A-Za-z0-9_.+-]+\.whl)$", runtime_package.wheel_file, name="runtime-wheel-file"),
     path("", include(router.urls)),
 ]
 

@@ -273,6 +273,11 @@ MATRIX: dict[str, list[Row]] = {
         Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/artifacts/a.txt",
             statuses(404, 404, 404, 404, 404, 401, 401))],
     "api/v1/presets/": [Row("GET", lambda f: "/api/v1/presets/", same(200))],
+    # The job runtime's wheel, for users' images: public (no secret in it).
+    "api/v1/runtime/wheel/": [Row("GET", lambda f: "/api/v1/runtime/wheel/", same(302, anonymous=302, host=302))],
+    "api/v1/^runtime/(?P<filename>[A-Za-z0-9_.+-]+\\.whl)$": [
+        Row("GET", lambda f: "/api/v1/runtime/gpu_console_runtime-0.0.0-py3-none-any.whl",
+            same(404, anonymous=404, host=404), note="only the current version's file is served")],
     "api/v1/workloads/": [Row("GET", lambda f: "/api/v1/workloads/", same(200))],
     # --- alerts, audit
     "api/v1/^alerts/$": [Row("GET", lambda f: "/api/v1/alerts/", same(200))],
