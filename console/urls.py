@@ -11,8 +11,8 @@ from apps.cluster import agent_api as cluster_agent_api
 from apps.cluster import api as cluster_api
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
+from apps.jobs import code_snapshot_api, usage_api
 from apps.jobs import job_api as jobs_job_api
-from apps.jobs import usage_api
 from apps.operations import agent_api as operations_agent_api
 from apps.quotas import api as quotas_api
 from apps.serving import api as serving_api
@@ -53,6 +53,12 @@ api_v1 = [
     path("job/progress/", jobs_job_api.JobSelfProgressView.as_view(), name="job-self-progress"),
     path("job/artifacts/", jobs_job_api.JobSelfArtifactsView.as_view(), name="job-self-artifacts"),
     path("job/artifacts/<path:path>", jobs_job_api.JobSelfArtifactView.as_view(), name="job-self-artifact"),
+    # Code snapshots (issue 16): a team's uploaded code, and the job API's copy for the job's agent.
+    path("code-snapshots/", code_snapshot_api.CodeSnapshotsView.as_view(), name="code-snapshots"),
+    path("code-snapshots/<uuid:snapshot_id>/", code_snapshot_api.CodeSnapshotView.as_view(), name="code-snapshot"),
+    path("code-snapshots/<uuid:snapshot_id>/download/", code_snapshot_api.CodeSnapshotDownloadView.as_view(),
+         name="code-snapshot-download"),
+    path("job/code/", jobs_job_api.JobSelfCodeView.as_view(), name="job-self-code"),
     path("", include(router.urls)),
 ]
 
