@@ -141,9 +141,10 @@ class JobSubmitForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if data.get("code_snapshot") and data.get("git_url"):
+        code = self.cleaned_data
+        if code.get("code_snapshot") and code.get("git_url"):
             self.add_error("code_snapshot", "Give a code snapshot or a git repository, not both.")
-        if data.get("git_ref") and not data.get("git_url"):
+        if code.get("git_ref") and not code.get("git_url"):
             self.add_error("git_url", "Give the repository of the ref.")
         mode = data.get("workload_mode")
         if mode == WORKLOAD_BUILTIN and not data.get("builtin"):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
 from django.http import FileResponse, Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -23,7 +27,7 @@ _ENVELOPE = 64 * 1024
 
 
 class CodeSnapshotSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    team: serializers.SlugRelatedField = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     user = serializers.CharField(source="user.username", read_only=True)
 
     class Meta:
@@ -37,7 +41,7 @@ class CodeSnapshotUploadSerializer(serializers.Serializer):
     archive = serializers.FileField(help_text=f"a tar.gz of at most {CODE_SNAPSHOT_MAX_BYTES // 1024**2} MiB")
 
 
-def _visible(request: Request) -> CodeSnapshot:
+def _visible(request: Request) -> QuerySet[CodeSnapshot]:
     return access.restrict(CodeSnapshot.objects.select_related("team", "user"), request.user)
 
 
@@ -55,7 +59,7 @@ class CodeSnapshotsView(APIView):
         form = CodeSnapshotUploadSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         upload = form.validated_data["archive"]
-        snapshot = code_snapshot_create(user=request.user, team_slug=form.validated_data["team"],
+        snapshot = code_snapshot_create(user=cast(User, request.user), team_slug=form.validated_data["team"],
                                         chunks=upload.chunks())
         return Response(CodeSnapshotSerializer(snapshot).data, status=status.HTTP_201_CREATED)
 

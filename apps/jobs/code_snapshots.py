@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 from typing import IO
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from apps.accounts import access
 from apps.accounts.access import Action
@@ -68,7 +68,9 @@ def check_archive(path: str) -> int:
 
 def _check_member(member: tarfile.TarInfo) -> None:
     name = member.name
-    if "\x00" in name or ".." in PurePosixPath(name).parts:
+    if name.startswith("/") or "\x00" in name:
+        raise _refuse(f"'{name[:200]}': an archive's paths are relative.")
+    if ".." in PurePosixPath(name).parts:
         raise _refuse(f"'{name[:200]}': no '..' in an archive's paths.")
     try:
         # The standard library's rule for untrusted archives: no absolute paths, nothing (or no link target)
@@ -90,7 +92,7 @@ def _spool(chunks: Iterable[bytes], spool: IO[bytes]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def code_snapshot_create(*, user: AbstractBaseUser, team_slug: str, chunks: Iterable[bytes]) -> CodeSnapshot:
+def code_snapshot_create(*, user: User, team_slug: str, chunks: Iterable[bytes]) -> CodeSnapshot:
     """Check and store an uploaded archive for `team_slug` (members of the team, who may submit there)."""
     team = access.restrict(Team.objects.all(), user).filter(slug=team_slug).first()
     if team is None:

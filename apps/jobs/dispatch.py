@@ -95,8 +95,8 @@ def container_spec(job: Job) -> ContainerSpec:
     rotated secret or a moved volume reaches the next attempt without editing the job, and no value is kept on
     the job, in its events or in a log (ContainerSpec leaves secrets out of its repr)."""
     code = None
-    if job.code_snapshot_id is not None:
-        snapshot = job.code_snapshot
+    snapshot = job.code_snapshot if job.code_snapshot_id is not None else None
+    if snapshot is not None:
         code = CodeSnapshot(kind="upload", url=JOB_CODE_PATH, sha256=snapshot.sha256, size=snapshot.size)
     elif job.git_url:
         code = CodeSnapshot(kind="git", url=job.git_url, ref=job.git_ref, commit=job.git_commit)

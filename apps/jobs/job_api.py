@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
+from typing import cast
 
 from django.conf import settings
 from django.http import FileResponse, Http404
@@ -149,7 +150,7 @@ class JobSelfCodeView(APIView):
 
     @extend_schema(responses={(200, "application/gzip"): bytes, 401: ErrorSerializer, 404: ErrorSerializer})
     def get(self, request: Request) -> FileResponse:
-        job: Job = request.auth
+        job = cast(Job, request.auth)  # (IsRunningJob)
         snapshot = CodeSnapshot.objects.filter(pk=job.code_snapshot_id).first() if job.code_snapshot_id else None
         if snapshot is None:
             raise Http404("This job has no uploaded code.")

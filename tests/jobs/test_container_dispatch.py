@@ -35,7 +35,6 @@ def hosts(world, settings, tmp_path):
     assert Host.objects.get(name="sim-c").runtime == "podman"
     root = tmp_path / "volumes"
     (root / "imagenet").mkdir(parents=True)
-    settings.CONSOLE_VOLUME_ROOTS = [str(root)]
     volume_create(actor=world.admin, name="imagenet", host_path=str(root / "imagenet"), teams=[world.vision])
     secret_create(team=world.vision, name="WANDB_API_KEY", value="first-value", actor=world.manager)
     return secrets
