@@ -205,6 +205,8 @@ def checked_environment(*, image: Any, env: Any, secrets: Any, mounts: Any, code
             errors[name] = problem
     if "secrets" not in errors and secrets:
         _ask(lambda: validate_secret_names(team.pk, secrets), "secrets", errors)
+    if "env" not in errors and "secrets" not in errors and (both := sorted(set(env) & set(secrets))):
+        errors["env"] = {name: ["Also a secret the job names: the secret sets it."] for name in both}
     if "mounts" not in errors and mounts:
         _ask(lambda: validate_mount_names(team.pk, mounts), "mounts", errors)
     if shm_gb is not None:

@@ -100,6 +100,7 @@ BAD = [
     ("env", {"env": {"A": "x" * (32 * 1024 + 1)}}),
     ("env", {"env": {"A": "a\x00b"}}),
     ("env", {"env": {f"V{i}": "" for i in range(101)}}),
+    ("env", {"env": {"WANDB_API_KEY": "plain"}}),  # also a secret the job names
     ("secrets", {"secrets": "WANDB_API_KEY"}),
     ("secrets", {"secrets": ["NO_SUCH_SECRET"]}),
     ("secrets", {"secrets": ["WANDB_API_KEY", "WANDB_API_KEY"]}),
