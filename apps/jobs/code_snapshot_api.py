@@ -51,7 +51,7 @@ class CodeSnapshotsView(APIView):
     parser_classes = [MultiPartParser]
 
     @extend_schema(request={"multipart/form-data": CodeSnapshotUploadSerializer},
-                   responses={201: CodeSnapshotSerializer, 400: ErrorSerializer, 403: ErrorSerializer})
+                   responses={201: CodeSnapshotSerializer})
     def post(self, request: Request) -> Response:
         length = request.META.get("CONTENT_LENGTH") or "0"
         if length.isdigit() and int(length) > CODE_SNAPSHOT_MAX_BYTES + _ENVELOPE:

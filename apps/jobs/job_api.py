@@ -68,6 +68,15 @@ class JobTokenScheme(OpenApiAuthenticationExtension):
                 "description": "Job <token>: CONSOLE_JOB_TOKEN inside a running job"}
 
 
+class StartingJobTokenScheme(JobTokenScheme):
+    target_class = StartingJobTokenAuthentication
+    name = "jobTokenPlacedOrRunning"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "Job <token>: the attempt's job token (its agent's, in the dispatch), from placement on"}
+
+
 class IsRunningJob(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         return isinstance(request.auth, Job)
