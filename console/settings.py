@@ -278,7 +278,7 @@ if API_TOKEN_DEFAULT_DAYS > API_TOKEN_MAX_DAYS:
         f"Environment variable CONSOLE_API_TOKEN_DAYS={API_TOKEN_DEFAULT_DAYS} must be at most {API_TOKEN_MAX_DAYS}.")
 
 # Team secrets (apps/accounts/secrets.py) are encrypted at rest with Fernet keys: a comma-separated list, the first
-# encrypts, every one decrypts (rotate by putting a new key first, then re-encrypting: manage.py rotate_team_secrets).
+# encrypts, every one decrypts (rotate by putting a new key first, then re-encrypting: manage.py reencrypt_secrets).
 # Development derives one from DJANGO_SECRET_KEY so `make run` works; production demands its own.
 CONSOLE_SECRETS_KEYS = env_fernet_keys("CONSOLE_SECRETS_KEY", SECRET_KEY, required=PRODUCTION)
 if PRODUCTION and any(b"change-me" in base64.urlsafe_b64decode(key) for key in CONSOLE_SECRETS_KEYS):

@@ -7,8 +7,10 @@ from rest_framework.routers import DefaultRouter
 
 from apps.accounts import api as accounts_api
 from apps.accounts import audit_api
+from apps.accounts import secrets_api as accounts_secrets_api
 from apps.cluster import agent_api as cluster_agent_api
 from apps.cluster import api as cluster_api
+from apps.cluster import volumes_api as cluster_volumes_api
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
 from apps.jobs import code_snapshot_api, usage_api
@@ -30,6 +32,8 @@ router.register("audit", audit_api.AuditEventViewSet, basename="audit")
 router.register("alerts", telemetry_api.AlertViewSet, basename="alert")
 router.register("alert-rules", telemetry_api.AlertRuleViewSet, basename="alert-rule")
 router.register("services", serving_api.ServiceViewSet, basename="service")
+# Issue 16: volumes admins define, which jobs mount by name.
+router.register("volumes", cluster_volumes_api.VolumeViewSet, basename="volume")
 
 api_v1 = [
     path("auth/token/", accounts_api.ObtainTokenView.as_view(), name="auth-token"),
@@ -37,6 +41,10 @@ api_v1 = [
     path("teams/<slug:slug>/members/<str:username>/", accounts_api.TeamMemberView.as_view(), name="team-member"),
     path("teams/<slug:slug>/quota/", quotas_api.TeamQuotaView.as_view(), name="team-quota"),
     path("teams/<slug:slug>/usage/", usage_api.TeamUsageView.as_view(), name="team-usage"),
+    # Issue 16: team secrets (names for members; managers create, rotate and delete).
+    path("teams/<slug:slug>/secrets/", accounts_secrets_api.TeamSecretsView.as_view(), name="team-secrets"),
+    path("teams/<slug:slug>/secrets/<str:name>/", accounts_secrets_api.TeamSecretView.as_view(),
+         name="team-secret"),
     path("presets/", jobs_api.PresetsView.as_view(), name="presets"),
     path("workloads/", jobs_api.WorkloadsView.as_view(), name="workloads"),
     path("agent/register/", cluster_agent_api.RegisterView.as_view(), name="agent-register"),

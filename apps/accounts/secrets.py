@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -23,7 +22,7 @@ from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 
 __all__ = ["SECRET_VALUE_MAX_CHARS", "name_problem", "secret_create", "secret_delete", "secret_rotate",
-           "secret_values", "secrets_visible_to", "validate_secret_names", "value_problem"]
+           "secret_values", "secrets_reencrypt", "secrets_visible_to", "validate_secret_names", "value_problem"]
 
 SECRET_VALUE_MAX_CHARS = 32 * 1024
 # Variables the agent and the runtime set for every job: a secret of the same name would override them.
@@ -66,7 +65,7 @@ def secrets_visible_to(user: AnyUser, team: Team) -> QuerySet[TeamSecret]:
     return access.restrict(TeamSecret.objects.filter(team=team), user, access.Action.VIEW)
 
 
-def secret_create(*, team: Team, name: str, value: str, actor: AbstractBaseUser,
+def secret_create(*, team: Team, name: str, value: str, actor: AnyUser,
                   request: HttpRequest | None = None) -> TeamSecret:
     access.require(actor, access.Action.MANAGE_SECRETS, team)
     _check(name=name, value=value)
@@ -81,7 +80,7 @@ def secret_create(*, team: Team, name: str, value: str, actor: AbstractBaseUser,
     return secret
 
 
-def secret_rotate(*, secret: TeamSecret, value: str, actor: AbstractBaseUser,
+def secret_rotate(*, secret: TeamSecret, value: str, actor: AnyUser,
                   request: HttpRequest | None = None) -> TeamSecret:
     """A new value for the secret (version + 1); jobs that name it get it at their next dispatch."""
     access.require(actor, access.Action.MANAGE_SECRETS, secret)
@@ -97,7 +96,7 @@ def secret_rotate(*, secret: TeamSecret, value: str, actor: AbstractBaseUser,
     return locked
 
 
-def secret_delete(*, secret: TeamSecret, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
+def secret_delete(*, secret: TeamSecret, actor: AnyUser, request: HttpRequest | None = None) -> None:
     """Delete the secret; a queued job that still names it is refused at dispatch (secret_values)."""
     access.require(actor, access.Action.MANAGE_SECRETS, secret)
     with transaction.atomic():
@@ -141,3 +140,23 @@ def secret_values(team_id: int, names: list[str]) -> dict[str, str]:
             f"Secret(s) {', '.join(sorted(unreadable))} cannot be decrypted with the console's keys "
             "(CONSOLE_SECRETS_KEY); a manager sets them again."]})
     return values
+
+
+def secrets_reencrypt() -> tuple[int, list[str]]:
+    """Encrypt every secret again with the first key of CONSOLE_SECRETS_KEY (after a key rotation, before the old
+    key is removed). Returns how many rows were rewritten and the team/name of those no key opens. Values and
+    versions are unchanged: jobs see no difference."""
+    done, unreadable = 0, []
+    for pk in TeamSecret.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            secret = TeamSecret.objects.select_for_update().select_related("team").filter(pk=pk).first()
+            if secret is None:  # deleted meanwhile
+                continue
+            try:
+                secret.ciphertext = secret_box.reencrypt(secret.ciphertext)
+            except secret_box.InvalidToken:
+                unreadable.append(f"{secret.team.slug}/{secret.name}")
+                continue
+            secret.save(update_fields=["ciphertext"])
+            done += 1
+    return done, unreadable

@@ -10,7 +10,6 @@ import posixpath
 from collections.abc import Iterable
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
@@ -31,8 +30,8 @@ from workers.protocol import (
     MountSpec,
 )
 
-__all__ = ["RESERVED_TARGETS", "default_target", "host_path_problem", "resolve_mounts", "target_problem",
-           "validate_mount_names", "volume_create", "volume_delete", "volume_update", "volumes_usable_by",
+__all__ = ["RESERVED_TARGETS", "audit_volume_change", "default_target", "host_path_problem", "resolve_mounts", "target_problem",
+           "validate_mount_names", "volume_create", "volume_delete", "volume_summary", "volume_update", "volumes_usable_by",
            "volumes_visible_to"]
 
 # Paths inside a job that belong to the system or to the console (the job's code, home, checkpoints and outputs
@@ -111,17 +110,18 @@ def volumes_usable_by(team_id: int) -> QuerySet[Volume]:
         team_id=team_id).values("volume_id")))
 
 
-def _audit(actor: AbstractBaseUser, volume: Volume, request: HttpRequest | None, **details: Any) -> None:
+def audit_volume_change(actor: AnyUser, volume: Volume, request: HttpRequest | None, **details: Any) -> None:
+    """The audit record of a change to a volume (also the Django admin's, which saves through its own form)."""
     audit_record(AuditEvent.Action.VOLUME_CHANGED, actor=actor, target=f"volume {volume.name}", request=request,
                  **details)
 
 
-def _summary(volume: Volume) -> dict[str, Any]:
+def volume_summary(volume: Volume) -> dict[str, Any]:
     return {"host_path": volume.host_path, "mount_target": volume.target, "read_only": volume.read_only,
             "all_teams": volume.all_teams, "teams": sorted(volume.teams.values_list("slug", flat=True))}
 
 
-def volume_create(*, actor: AbstractBaseUser, name: str, host_path: str, target: str = "", read_only: bool = True,
+def volume_create(*, actor: AnyUser, name: str, host_path: str, target: str = "", read_only: bool = True,
                   teams: Iterable[Team] = (), all_teams: bool = False, description: str = "",
                   request: HttpRequest | None = None) -> Volume:
     access.require(actor, access.Action.ADMINISTER)
@@ -133,11 +133,11 @@ def volume_create(*, actor: AbstractBaseUser, name: str, host_path: str, target:
         volume = Volume.objects.create(name=name, host_path=host_path, target=target, read_only=read_only,
                                        all_teams=all_teams, description=description)
         volume.teams.set(list(teams))
-        _audit(actor, volume, request, created=True, **_summary(volume))
+        audit_volume_change(actor, volume, request, created=True, **volume_summary(volume))
     return volume
 
 
-def volume_update(*, volume: Volume, actor: AbstractBaseUser, request: HttpRequest | None = None,
+def volume_update(*, volume: Volume, actor: AnyUser, request: HttpRequest | None = None,
                   **changes: Any) -> Volume:
     """Change a volume (any of host_path, target, read_only, teams, all_teams, description). Jobs that name it
     get the new definition at their next dispatch."""
@@ -150,15 +150,15 @@ def volume_update(*, volume: Volume, actor: AbstractBaseUser, request: HttpReque
         volume.save()
         if teams is not None:
             volume.teams.set(list(teams))
-        _audit(actor, volume, request, changed=sorted([*changes, *(["teams"] if teams is not None else [])]),
-               **_summary(volume))
+        audit_volume_change(actor, volume, request, changed=sorted([*changes, *(["teams"] if teams is not None else [])]),
+               **volume_summary(volume))
     return volume
 
 
-def volume_delete(*, volume: Volume, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
+def volume_delete(*, volume: Volume, actor: AnyUser, request: HttpRequest | None = None) -> None:
     access.require(actor, access.Action.ADMINISTER)
     with transaction.atomic():
-        _audit(actor, volume, request, deleted=True, **_summary(volume))
+        audit_volume_change(actor, volume, request, deleted=True, **volume_summary(volume))
         volume.delete()
 
 

@@ -26,8 +26,10 @@ from django.urls import URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from apps.accounts import access
+from apps.accounts.secrets import secret_create
 from apps.accounts.services import token_create
 from apps.cluster.services import host_token_issue
+from apps.cluster.volumes import volume_create
 from apps.jobs.models import Job
 from apps.quotas.models import QuotaRequest
 from apps.serving.models import InferenceService
@@ -77,6 +79,8 @@ def fx(world, settings, tmp_path) -> Fixture:
         world.nlp, world.other, "n")
     token, _ = token_create(user=world.member, name="matrix")
     _, secret = host_token_issue(name="node-a")
+    secret_create(team=world.vision, name="WANDB_API_KEY", value="v1", actor=world.manager)
+    volume_create(actor=world.admin, name="imagenet", host_path="/data/imagenet", teams=[world.vision])
     return Fixture(
         world=world, vjob=vjob, mine=mine, njob=njob,
         service=InferenceService.objects.create(team=world.vision, name="digits", owner=world.member,
@@ -211,6 +215,19 @@ MATRIX: dict[str, list[Row]] = {
             data={"max_gpus": 12}),
     ],
     "api/v1/teams/<slug:slug>/usage/": [Row("GET", lambda f: "/api/v1/teams/vision/usage/", VISION)],
+    # --- team secrets: names for the team, changes for its managers; others do not learn the team has any
+    "api/v1/teams/<slug:slug>/secrets/": [
+        Row("GET", lambda f: "/api/v1/teams/vision/secrets/", VISION),
+        Row("POST", lambda f: "/api/v1/teams/vision/secrets/", statuses(201, 201, 403, 404, 404, 401, 401),
+            data={"name": "HF_TOKEN", "value": "hf-1"}),
+    ],
+    "api/v1/teams/<slug:slug>/secrets/<str:name>/": [
+        Row("GET", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/", VISION),
+        Row("PUT", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/",
+            statuses(200, 200, 403, 404, 404, 401, 401), data={"value": "v2"}),
+        Row("DELETE", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/",
+            statuses(204, 204, 403, 404, 404, 401, 401)),
+    ],
     # --- users and tokens
     "api/v1/^users/$": [
         Row("GET", lambda f: "/api/v1/users/", same(200)),
@@ -240,6 +257,18 @@ MATRIX: dict[str, list[Row]] = {
     "api/v1/^hosts/$": [Row("GET", lambda f: "/api/v1/hosts/", same(200))],
     "api/v1/^hosts/(?P<name>[\\w.-]+)/$": [
         Row("GET", lambda f: "/api/v1/hosts/node-a/", statuses(200, 200, 200, 200, 404, 401, 401)),
+    ],
+    # --- volumes: admins define them; others list those their teams may use
+    "api/v1/^volumes/$": [
+        Row("GET", lambda f: "/api/v1/volumes/", same(200)),
+        Row("POST", lambda f: "/api/v1/volumes/", statuses(201, 403, 403, 403, 403, 401, 401),
+            data={"name": "corpus", "host_path": "/data/corpus"}),
+    ],
+    "api/v1/^volumes/(?P<name>[^/.]+)/$": [
+        Row("GET", lambda f: "/api/v1/volumes/imagenet/", VISION),
+        Row("PATCH", lambda f: "/api/v1/volumes/imagenet/", statuses(200, 403, 403, 403, 403, 401, 401),
+            data={"read_only": False}),
+        Row("DELETE", lambda f: "/api/v1/volumes/imagenet/", statuses(204, 403, 403, 403, 403, 401, 401)),
     ],
     # --- jobs
     "api/v1/^jobs/$": [
@@ -348,6 +377,23 @@ MATRIX: dict[str, list[Row]] = {
         Row("POST", lambda f: f"/teams/vision/quota-requests/{f.quota_request.pk}/decision/", ADMIN_PAGE_403,
             kind="page", data={"decision": "approve"}),
     ],
+    "teams/<slug:slug>/secrets/": [
+        Row("GET", lambda f: "/teams/vision/secrets/", VISION_PAGE, kind="page"),
+        Row("POST", lambda f: "/teams/vision/secrets/", statuses(200, 200, 403, 404, 404, LOGIN, LOGIN),
+            kind="page", data={"name": "HF_TOKEN", "value": "hf-1"}, note="the answer shows the value once"),
+    ],
+    "teams/<slug:slug>/secrets/<str:name>/rotate/": [
+        Row("POST", lambda f: "/teams/vision/secrets/WANDB_API_KEY/rotate/",
+            statuses(200, 200, 403, 404, 404, LOGIN, LOGIN), kind="page", data={"value": "v2"}),
+    ],
+    "teams/<slug:slug>/secrets/<str:name>/delete/": [
+        Row("GET", lambda f: "/teams/vision/secrets/WANDB_API_KEY/delete/",
+            statuses(200, 200, 403, 404, 404, LOGIN, LOGIN), kind="page", note="the confirmation"),
+        Row("POST", lambda f: "/teams/vision/secrets/WANDB_API_KEY/delete/",
+            statuses(302, 302, 403, 404, 404, LOGIN, LOGIN), kind="page", data={}),
+    ],
+    "hosts/<str:name>/": [Row("GET", lambda f: "/hosts/node-a/", statuses(200, 200, 200, 200, 404, LOGIN, LOGIN),
+                              kind="page", note="hosts are cluster-wide: whoever holds a role somewhere")],
     "reports/usage/": [Row("GET", lambda f: "/reports/usage/", statuses(200, 200, 404, 404, 404, LOGIN, LOGIN),
                            kind="page")],
     "alerts/": [Row("GET", lambda f: "/alerts/", same(200, anonymous=LOGIN), kind="page")],

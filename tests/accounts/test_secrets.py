@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import os
 
 import pytest
@@ -119,3 +120,17 @@ def test_key_rotation_keeps_old_values_readable_and_a_lost_key_is_a_clear_refusa
         with pytest.raises(InvalidInput) as refused:
             secret_values(world.vision.pk, ["K"])
     assert "cannot be decrypted" in refused.value.errors["secrets"][0]
+
+
+def test_reencrypt_secrets_moves_every_value_to_the_first_key(world, settings):
+    from django.core.management import call_command
+
+    old, new = new_key(), new_key()
+    settings.CONSOLE_SECRETS_KEYS = [old]
+    secret_create(team=world.vision, name="A", value="va", actor=world.manager)
+    secret_create(team=world.nlp, name="B", value="vb", actor=world.admin)
+    settings.CONSOLE_SECRETS_KEYS = [new, old]
+    call_command("reencrypt_secrets", stdout=io.StringIO())
+    settings.CONSOLE_SECRETS_KEYS = [new]  # the old key removed: every value still reads
+    assert secret_values(world.vision.pk, ["A"]) == {"A": "va"} and secret_values(world.nlp.pk, ["B"]) == {"B": "vb"}
+    assert list(TeamSecret.objects.order_by("name").values_list("version", flat=True)) == [1, 1]

@@ -91,3 +91,20 @@ def test_users_see_the_volumes_their_teams_may_use(world, volumes):
     assert names(world.member) == names(world.viewer) == ["imagenet", "scratch"]
     assert names(world.other) == ["corpus", "scratch"]
     assert names(world.noteam) == []
+
+
+def test_the_django_admin_keeps_the_path_rules_and_audits(world, client):
+    client.force_login(world.admin)
+    url = "/admin/cluster/volume/add/"
+    refused = client.post(url, {"name": "bad", "host_path": "/data/x", "target": "/workspace/x", "read_only": "on"})
+    assert refused.status_code == 200 and "is reserved inside jobs" in refused.content.decode()
+    added = client.post(url, {"name": "imagenet", "host_path": "/data/imagenet", "target": "", "read_only": "on",
+                              "teams": [world.vision.pk]})
+    assert added.status_code == 302, added.content.decode()[-3000:]
+    volume = Volume.objects.get(name="imagenet")
+    assert volume.target == "/mnt/imagenet" and list(volume.teams.all()) == [world.vision]
+    client.post(f"/admin/cluster/volume/{volume.pk}/delete/", {"post": "yes"})
+    assert not Volume.objects.exists()
+    events = list(AuditEvent.objects.filter(action="volume_changed").order_by("pk"))
+    assert events[0].details["created"] and events[0].details["teams"] == ["vision"]
+    assert events[1].details["deleted"] and events[1].actor_name == "root-admin"
