@@ -14,8 +14,8 @@ from apps.cluster import volumes_api as cluster_volumes_api
 from apps.core import runtime_package
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
+from apps.jobs import code_snapshot_api, usage_api
 from apps.jobs import job_api as jobs_job_api
-from apps.jobs import usage_api
 from apps.operations import agent_api as operations_agent_api
 from apps.quotas import api as quotas_api
 from apps.serving import api as serving_api
@@ -65,6 +65,12 @@ api_v1 = [
     # The job runtime as a wheel for users' images (no login): a stable URL redirecting to the versioned file.
     path("runtime/wheel/", runtime_package.wheel_latest, name="runtime-wheel"),
     re_path(r"^runtime/(?P<filename>[A-Za-z0-9_.+-]+\.whl)$", runtime_package.wheel_file, name="runtime-wheel-file"),
+    # Code snapshots (issue 16): a team's uploaded code, and the job API's copy for the job's agent.
+    path("code-snapshots/", code_snapshot_api.CodeSnapshotsView.as_view(), name="code-snapshots"),
+    path("code-snapshots/<uuid:snapshot_id>/", code_snapshot_api.CodeSnapshotView.as_view(), name="code-snapshot"),
+    path("code-snapshots/<uuid:snapshot_id>/download/", code_snapshot_api.CodeSnapshotDownloadView.as_view(),
+         name="code-snapshot-download"),
+    path("job/code/", jobs_job_api.JobSelfCodeView.as_view(), name="job-self-code"),
     path("", include(router.urls)),
 ]
 

@@ -112,6 +112,7 @@ SCOPES: dict[str, Scope] = {
     "cluster.volume": Scope(teams="teams", shared="all_teams"),
     "jobs.job": Scope(team="team_id", owner="user_id"),
     "jobs.jobevent": Scope(team="job__team_id"),
+    "jobs.codesnapshot": Scope(team="team_id", owner="user_id"),
     "serving.inferenceservice": Scope(team="team_id"),
     "telemetry.alert": Scope(team="team_id"),
     "telemetry.alertrule": Scope(admin_only=True),

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import transaction
 from django.test import Client
 from django.urls import URLResolver, get_resolver
@@ -51,6 +52,7 @@ class Fixture:
     token_id: int  # member's API token
     host_secret: str
     audit_id: int
+    snapshot_id: str  # a code snapshot of team vision, uploaded by member
 
 
 def _job(team, user, name: str) -> Job:
@@ -58,9 +60,19 @@ def _job(team, user, name: str) -> Job:
                               workload={"builtin": "mlp-digits"}, time_limit_minutes=60)
 
 
+def _archive() -> SimpleUploadedFile:
+    from tests.jobs.conftest import tar_gz
+
+    return SimpleUploadedFile("code.tar.gz", tar_gz({"main.py": b"print(1)\n"}))
+
+
 @pytest.fixture
-def fx(world) -> Fixture:
+def fx(world, settings, tmp_path) -> Fixture:
     from apps.core.models import AuditEvent
+    from apps.jobs.code_snapshots import code_snapshot_create
+
+    settings.ARTIFACT_STORE_URL = (tmp_path / "artifacts").as_uri()
+    snapshot = code_snapshot_create(user=world.member, team_slug="vision", chunks=_archive().chunks())
 
     rule = AlertRule.objects.create(name="xid (matrix)", kind=AlertRule.Kind.GPU_XID)
     vjob, mine, njob = _job(world.vision, world.member2, "v"), _job(world.vision, world.member, "m"), _job(
@@ -79,6 +91,7 @@ def fx(world) -> Fixture:
         quota_request=QuotaRequest.objects.create(team=world.vision, requested_by=world.manager, max_gpus=9,
                                                   reason="more"),
         token_id=token.pk, host_secret=secret, audit_id=AuditEvent.objects.order_by("pk").first().pk,
+        snapshot_id=str(snapshot.pk),
     )
 
 
@@ -117,7 +130,7 @@ class Row:
     path: Callable[[Fixture], str]
     expected: dict[str, int]
     data: Callable[[Fixture], dict] | dict | None = None
-    kind: str = "api"  # "api": DRF client with JSON; "page": a browser's client, form-encoded
+    kind: str = "api"  # "api": DRF client with JSON; "page": a browser's client, form-encoded; "upload": multipart
     note: str = ""
 
 
@@ -161,6 +174,15 @@ MATRIX: dict[str, list[Row]] = {
     "api/v1/job/artifacts/": [Row("GET", lambda f: "/api/v1/job/artifacts/", same(403, host=401))],
     "api/v1/job/artifacts/<path:path>": [Row("GET", lambda f: "/api/v1/job/artifacts/a.txt",
                                              same(403, host=401))],
+    "api/v1/job/code/": [Row("GET", lambda f: "/api/v1/job/code/", same(403, host=401))],
+    # --- code snapshots: the team's members (those who submit upload; another team's: 404, or 400 on team)
+    "api/v1/code-snapshots/": [
+        Row("POST", lambda f: "/api/v1/code-snapshots/", statuses(201, 201, 201, 400, 400, 401, 401),
+            data=lambda f: {"team": "vision", "archive": _archive()}, kind="upload")],
+    "api/v1/code-snapshots/<uuid:snapshot_id>/": [
+        Row("GET", lambda f: f"/api/v1/code-snapshots/{f.snapshot_id}/", VISION)],
+    "api/v1/code-snapshots/<uuid:snapshot_id>/download/": [
+        Row("GET", lambda f: f"/api/v1/code-snapshots/{f.snapshot_id}/download/", VISION)],
     "api/v1/ws-ticket/": [Row("POST", lambda f: "/api/v1/ws-ticket/", same(201))],
     # --- teams, members, quotas
     "api/v1/^teams/$": [
@@ -458,6 +480,8 @@ def request(fx: Fixture, persona: str, row: Row) -> int:
             return client.post(path, json.dumps(data), content_type="application/json").status_code
         return client.post(path, data or {}).status_code
     client = api_client(fx, persona)
+    if row.kind == "upload":
+        return client.post(path, data, format="multipart").status_code
     call = getattr(client, row.method.lower())
     return (call(path) if data is None else call(path, data, format="json")).status_code
 
