@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import ipaddress
 import os
 
@@ -88,3 +91,29 @@ def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Netwo
             raise ImproperlyConfigured(
                 f"Environment variable {name} has {item!r}, which is no IP address or CIDR network.") from None
     return tuple(networks)
+
+
+def env_fernet_keys(name: str, secret_key: str, *, required: bool = False) -> list[str]:
+    """Fernet keys (32 url-safe base64 bytes each), comma-separated, the first one encrypting.
+
+    Unset outside production: one key derived from `secret_key` (HMAC-SHA256 as a KDF over a high-entropy key),
+    so a development console needs no extra variable. It changes with DJANGO_SECRET_KEY, as sessions do.
+    """
+    raw = env_str(name, None, required=required)
+    if raw is None:
+        derived = hmac.new(secret_key.encode(), b"gpu-console team secrets v1", hashlib.sha256).digest()
+        return [base64.urlsafe_b64encode(derived).decode()]
+    keys = [key.strip() for key in raw.split(",") if key.strip()]
+    for key in keys:
+        try:
+            valid = len(base64.urlsafe_b64decode(key.encode())) == 32
+        except (ValueError, TypeError):
+            valid = False
+        if not valid:
+            raise ImproperlyConfigured(
+                f"Environment variable {name} must list Fernet keys (32 url-safe base64 bytes each, comma-separated); "
+                "generate one with python3 -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(32))"
+                ".decode())'.")
+    if not keys:
+        raise ImproperlyConfigured(f"Environment variable {name} lists no key.")
+    return keys

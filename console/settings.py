@@ -6,6 +6,7 @@ CONSOLE_MODE=production demands a secret key, allowed hosts and a real database,
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,16 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import check_url_scheme, env_bool, env_float, env_int, env_list, env_networks, env_str
+from console.env import (
+    check_url_scheme,
+    env_bool,
+    env_fernet_keys,
+    env_float,
+    env_int,
+    env_list,
+    env_networks,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # templates/ and static/ sit beside the code in a checkout; a non-editable install puts them under share/.
@@ -266,6 +276,13 @@ API_TOKEN_DEFAULT_DAYS = env_int("CONSOLE_API_TOKEN_DAYS", 90, minimum=1)
 if API_TOKEN_DEFAULT_DAYS > API_TOKEN_MAX_DAYS:
     raise ImproperlyConfigured(
         f"Environment variable CONSOLE_API_TOKEN_DAYS={API_TOKEN_DEFAULT_DAYS} must be at most {API_TOKEN_MAX_DAYS}.")
+
+# Team secrets (apps/accounts/secrets.py) are encrypted at rest with Fernet keys: a comma-separated list, the first
+# encrypts, every one decrypts (rotate by putting a new key first, then re-encrypting: manage.py reencrypt_secrets).
+# Development derives one from DJANGO_SECRET_KEY so `make run` works; production demands its own.
+CONSOLE_SECRETS_KEYS = env_fernet_keys("CONSOLE_SECRETS_KEY", SECRET_KEY, required=PRODUCTION)
+if PRODUCTION and any(b"change-me" in base64.urlsafe_b64decode(key) for key in CONSOLE_SECRETS_KEYS):
+    raise ImproperlyConfigured("Environment variable CONSOLE_SECRETS_KEY holds deploy/'s example key: generate one.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -1,18 +1,21 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from apps.accounts import api as accounts_api
 from apps.accounts import audit_api
+from apps.accounts import secrets_api as accounts_secrets_api
 from apps.cluster import agent_api as cluster_agent_api
 from apps.cluster import api as cluster_api
+from apps.cluster import volumes_api as cluster_volumes_api
+from apps.core import runtime_package
 from apps.jobs import agent_api as jobs_agent_api
 from apps.jobs import api as jobs_api
+from apps.jobs import code_snapshot_api, usage_api
 from apps.jobs import job_api as jobs_job_api
-from apps.jobs import usage_api
 from apps.operations import agent_api as operations_agent_api
 from apps.quotas import api as quotas_api
 from apps.serving import api as serving_api
@@ -30,6 +33,8 @@ router.register("audit", audit_api.AuditEventViewSet, basename="audit")
 router.register("alerts", telemetry_api.AlertViewSet, basename="alert")
 router.register("alert-rules", telemetry_api.AlertRuleViewSet, basename="alert-rule")
 router.register("services", serving_api.ServiceViewSet, basename="service")
+# Issue 16: volumes admins define, which jobs mount by name.
+router.register("volumes", cluster_volumes_api.VolumeViewSet, basename="volume")
 
 api_v1 = [
     path("auth/token/", accounts_api.ObtainTokenView.as_view(), name="auth-token"),
@@ -37,6 +42,10 @@ api_v1 = [
     path("teams/<slug:slug>/members/<str:username>/", accounts_api.TeamMemberView.as_view(), name="team-member"),
     path("teams/<slug:slug>/quota/", quotas_api.TeamQuotaView.as_view(), name="team-quota"),
     path("teams/<slug:slug>/usage/", usage_api.TeamUsageView.as_view(), name="team-usage"),
+    # Issue 16: team secrets (names for members; managers create, rotate and delete).
+    path("teams/<slug:slug>/secrets/", accounts_secrets_api.TeamSecretsView.as_view(), name="team-secrets"),
+    path("teams/<slug:slug>/secrets/<str:name>/", accounts_secrets_api.TeamSecretView.as_view(),
+         name="team-secret"),
     path("presets/", jobs_api.PresetsView.as_view(), name="presets"),
     path("workloads/", jobs_api.WorkloadsView.as_view(), name="workloads"),
     path("agent/register/", cluster_agent_api.RegisterView.as_view(), name="agent-register"),
@@ -53,6 +62,15 @@ api_v1 = [
     path("job/progress/", jobs_job_api.JobSelfProgressView.as_view(), name="job-self-progress"),
     path("job/artifacts/", jobs_job_api.JobSelfArtifactsView.as_view(), name="job-self-artifacts"),
     path("job/artifacts/<path:path>", jobs_job_api.JobSelfArtifactView.as_view(), name="job-self-artifact"),
+    # The job runtime as a wheel for users' images (no login): a stable URL redirecting to the versioned file.
+    path("runtime/wheel/", runtime_package.wheel_latest, name="runtime-wheel"),
+    re_path(r"^runtime/(?P<filename>[A-Za-z0-9_.+-]+\.whl)$", runtime_package.wheel_file, name="runtime-wheel-file"),
+    # Code snapshots (issue 16): a team's uploaded code, and the job API's copy for the job's agent.
+    path("code-snapshots/", code_snapshot_api.CodeSnapshotsView.as_view(), name="code-snapshots"),
+    path("code-snapshots/<uuid:snapshot_id>/", code_snapshot_api.CodeSnapshotView.as_view(), name="code-snapshot"),
+    path("code-snapshots/<uuid:snapshot_id>/download/", code_snapshot_api.CodeSnapshotDownloadView.as_view(),
+         name="code-snapshot-download"),
+    path("job/code/", jobs_job_api.JobSelfCodeView.as_view(), name="job-self-code"),
     path("", include(router.urls)),
 ]
 

@@ -40,6 +40,7 @@ class Action(enum.StrEnum):
     CANCEL = "cancel"  # cancel (or requeue) a job
     MANAGE_SERVICE = "manage_service"  # scale or delete an inference service
     MANAGE_MEMBERS = "manage_members"  # add members, change roles, remove members
+    MANAGE_SECRETS = "manage_secrets"  # create, rotate and delete the team's secrets
     REQUEST_QUOTA = "request_quota"
     VIEW_REPORT = "view_report"  # the usage report of a team
     ACK_ALERT = "ack_alert"
@@ -57,6 +58,7 @@ NEEDS: dict[Action, Role | None] = {
     Action.SUBMIT_HIGH: Role.MANAGER,
     Action.CANCEL: Role.MANAGER,
     Action.MANAGE_MEMBERS: Role.MANAGER,
+    Action.MANAGE_SECRETS: Role.MANAGER,
     Action.REQUEST_QUOTA: Role.MANAGER,
     Action.VIEW_REPORT: Role.MANAGER,
     Action.ACK_ALERT: Role.MANAGER,
@@ -81,6 +83,10 @@ class Scope:
     A row without a team (no `team` field, or a null one) is cluster-wide: everyone who holds a role in some team
     sees it, and only admins act on it. `owner_only`: only the owner sees the row (admins see all); `private`: only
     the owner, admins included (API tokens). `admin_only`: site admins only.
+
+    `teams`: the rows belong to a set of teams instead (a many-to-many field, e.g. the teams that may use a volume),
+    or to every team when the boolean field `shared` is true. Whoever holds a role in one of those teams sees the row
+    (in every team, for a shared row); only admins act on it.
     """
 
     team: str | None = None
@@ -88,20 +94,25 @@ class Scope:
     owner_only: bool = False
     private: bool = False
     admin_only: bool = False
+    teams: str | None = None
+    shared: str | None = None
 
 
 SCOPES: dict[str, Scope] = {
     "accounts.team": Scope(team="pk"),
     "accounts.membership": Scope(team="team_id"),
     "accounts.apitoken": Scope(owner="user_id", private=True),
+    "accounts.teamsecret": Scope(team="team_id"),
     settings.AUTH_USER_MODEL.lower(): Scope(owner="pk", owner_only=True),
     "core.auditevent": Scope(admin_only=True),
     "quotas.teamquota": Scope(team="team_id"),
     "quotas.quotarequest": Scope(team="team_id"),
     "cluster.host": Scope(),
     "cluster.gpu": Scope(),
+    "cluster.volume": Scope(teams="teams", shared="all_teams"),
     "jobs.job": Scope(team="team_id", owner="user_id"),
     "jobs.jobevent": Scope(team="job__team_id"),
+    "jobs.codesnapshot": Scope(team="team_id", owner="user_id"),
     "serving.inferenceservice": Scope(team="team_id"),
     "telemetry.alert": Scope(team="team_id"),
     "telemetry.alertrule": Scope(admin_only=True),
@@ -163,6 +174,8 @@ def restrict(queryset: QuerySet, user: AnyUser | None, action: Action = Action.V
         return queryset.none()
     if scope.owner_only:
         return queryset.filter(**{owner: user.pk}) if action == Action.VIEW else queryset.none()
+    if scope.teams is not None:
+        return _restrict_team_set(queryset, scope, user) if action == Action.VIEW else queryset.none()
     minimum = NEEDS[action]
     allowed = Q(pk__in=[])
     if scope.team is not None and minimum is not None:
@@ -173,6 +186,16 @@ def restrict(queryset: QuerySet, user: AnyUser | None, action: Action = Action.V
     if action == Action.VIEW:  # cluster-wide rows, for whoever holds a role in some team
         in_some_team = Exists(Membership.objects.filter(user_id=user.pk))
         allowed |= Q(in_some_team) if scope.team is None else Q(in_some_team, **{f"{scope.team}__isnull": True})
+    return queryset.filter(allowed)
+
+
+def _restrict_team_set(queryset: QuerySet, scope: Scope, user: AbstractBaseUser) -> QuerySet:
+    """The rows of a team-set scope the user sees (a subquery on the many-to-many, so no row comes twice)."""
+    assert scope.teams is not None
+    listed = queryset.model._default_manager.filter(**{f"{scope.teams}__in": _team_ids(user, Role.VIEWER)})
+    allowed = Q(pk__in=listed.values("pk"))
+    if scope.shared is not None:
+        allowed |= Q(Exists(Membership.objects.filter(user_id=user.pk)), **{scope.shared: True})
     return queryset.filter(allowed)
 
 
@@ -200,6 +223,12 @@ def can(user: AnyUser | None, action: Action, obj: Model | None = None) -> bool:
         return False
     if scope.owner_only:
         return action == Action.VIEW and _value(obj, owner) == user.pk
+    if scope.teams is not None:
+        if action != Action.VIEW:
+            return False
+        if scope.shared is not None and getattr(obj, scope.shared):
+            return _in_some_team(user)
+        return getattr(obj, scope.teams).filter(pk__in=_team_ids(user, Role.VIEWER)).exists()
     team_id = _value(obj, scope.team) if scope.team is not None else None
     if team_id is None:  # cluster-wide
         return action == Action.VIEW and _in_some_team(user)
@@ -224,6 +253,7 @@ MESSAGES: dict[Action, str] = {
     Action.CANCEL: "You may not cancel this job.",
     Action.MANAGE_SERVICE: "Only the team's members may change its services.",
     Action.MANAGE_MEMBERS: "Only the team's managers and site admins may change its members.",
+    Action.MANAGE_SECRETS: "Only the team's managers and site admins may change its secrets.",
     Action.REQUEST_QUOTA: "Only the team's managers and site admins may request quota.",
     Action.VIEW_REPORT: "Only the team's managers and site admins see its usage report.",
     Action.ACK_ALERT: "Only site admins and the team's managers may acknowledge this alert.",

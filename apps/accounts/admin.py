@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from apps.accounts.models import ApiToken, Membership, Team
+from apps.accounts.models import ApiToken, Membership, Team, TeamSecret
 
 
 class MembershipInline(admin.TabularInline):
@@ -34,3 +34,23 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # tokens are created by their owner, who is the only one to see the secret
+
+
+@admin.register(TeamSecret)
+class TeamSecretAdmin(admin.ModelAdmin):
+    """Names and versions only: values are set through the API or the team's page (audited, shown once)."""
+
+    list_display = ("team", "name", "version", "created_by", "created_at", "rotated_at")
+    list_filter = ("team",)
+    search_fields = ("name", "team__slug")
+    fields = ("team", "name", "version", "created_by", "created_at", "rotated_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:  # the page and the API audit a deletion
+        return False

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
@@ -65,3 +67,29 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None and self.expires_at > timezone.now()
+
+
+SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}\Z")
+secret_name_validator = RegexValidator(
+    SECRET_NAME, "Use 1-64 capital letters, digits and underscores, not starting with a digit.")
+
+
+class TeamSecret(models.Model):
+    """A team's secret (a W&B key …), handed to the team's jobs that name it. The value is stored only encrypted
+    (apps/accounts/secret_box.py); the API shows it once, when it is created or rotated."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=64, validators=[secret_name_validator])
+    ciphertext = models.TextField(help_text="The value, encrypted (Fernet); never the plain value.")
+    version = models.PositiveIntegerField(default=1, help_text="1 at creation, one more at each rotation.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_secret_name_per_team")]
+        ordering = ["team__slug", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}/{self.name} (v{self.version})"

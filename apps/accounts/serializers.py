@@ -5,7 +5,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from rest_framework import serializers
 
-from apps.accounts.models import ApiToken, Membership, Role, Team, slug_validator
+from apps.accounts.models import ApiToken, Membership, Role, Team, TeamSecret, slug_validator
+from apps.accounts.secrets import name_problem, value_problem
 from apps.core.serializers import RejectUnknownFieldsMixin
 
 User = get_user_model()
@@ -122,3 +123,52 @@ class MembershipWriteSerializer(RejectUnknownFieldsMixin, serializers.Serializer
 
 class RoleSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices)
+
+
+# --- team secrets (apps/accounts/secrets.py): names and versions; the value only in the answer that set it
+
+
+class TeamSecretSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = TeamSecret
+        fields = ["name", "version", "created_by", "created_at", "rotated_at"]
+        read_only_fields = fields
+
+
+class NewSecretSerializer(TeamSecretSerializer):
+    value = serializers.CharField(read_only=True, help_text="The value: shown in this answer only, never again.")
+
+    class Meta(TeamSecretSerializer.Meta):
+        fields = [*TeamSecretSerializer.Meta.fields, "value"]
+        read_only_fields = fields
+
+
+def _secret_value_field() -> serializers.CharField:
+    # No trimming: a secret's spaces are its own. Length and NUL: value_problem, the service's own rule.
+    return serializers.CharField(trim_whitespace=False, allow_blank=True)
+
+
+class SecretCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    value = _secret_value_field()
+
+    def validate_name(self, value: str) -> str:
+        if problem := name_problem(value):
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_value(self, value: str) -> str:
+        if problem := value_problem(value):
+            raise serializers.ValidationError(problem)
+        return value
+
+
+class SecretRotateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    value = _secret_value_field()
+
+    def validate_value(self, value: str) -> str:
+        if problem := value_problem(value):
+            raise serializers.ValidationError(problem)
+        return value

@@ -11,7 +11,13 @@ from rest_framework.response import Response
 from apps.cluster.authentication import AgentView
 from apps.cluster.services import host_register
 from apps.core.schema import ErrorSerializer
-from workers.protocol import HEARTBEAT_INTERVAL_S, PROTOCOL_VERSION, host_queue, valid_address
+from workers.protocol import (
+    CONTAINER_RUNTIMES,
+    HEARTBEAT_INTERVAL_S,
+    PROTOCOL_VERSION,
+    host_queue,
+    valid_address,
+)
 
 __all__ = ["AgentView", "GpuRecordSerializer", "RegisterView", "RegistrationSerializer"]
 
@@ -35,6 +41,11 @@ class RegistrationSerializer(serializers.Serializer):
                                     trim_whitespace=False, help_text="IP address or host name (RFC 1123) the console and other hosts "
                                               "reach this one at; blank: the host's name")
     gpus = GpuRecordSerializer(many=True, max_length=64)
+    runtime = serializers.ChoiceField(choices=CONTAINER_RUNTIMES, required=False, default="process",
+                                      help_text="How the agent runs jobs: on the host, or in podman/docker containers")
+    images = serializers.ListField(child=serializers.JSONField(), required=False, default=list, max_length=2000,
+                                   help_text="The images in a container host's store (ImageRecord); malformed "
+                                             "entries are dropped")
 
     def validate_address(self, value: str) -> str:
         if value and not valid_address(value):

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from workers.protocol import CONTAINER_RUNTIMES
+
 
 class Host(models.Model):
     class State(models.TextChoices):
@@ -20,6 +22,10 @@ class Host(models.Model):
     address = models.CharField(max_length=200, blank=True, help_text="Address other hosts use to reach this one.")
     cpus = models.PositiveIntegerField(default=0, help_text="CPUs the agent may give jobs (0: not reported).")
     memory_mb = models.PositiveBigIntegerField(default=0, help_text="Host memory in MiB (0: not reported).")
+    runtime = models.CharField(max_length=10, choices=[(r, r) for r in CONTAINER_RUNTIMES], default="process",
+                               help_text="How the agent runs jobs: on the host (process) or in OCI containers.")
+    cached_images = models.JSONField(default=list, blank=True,
+                                     help_text="The images in the host's container store, as the agent reported them.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -71,3 +77,24 @@ class HostCredential(models.Model):
 
     def __str__(self) -> str:
         return f"credential of {self.host.name} ({self.prefix}…)"
+
+
+class Volume(models.Model):
+    """A named volume an admin defined: a path on the hosts (a local folder or a network file system mounted
+    there) that jobs of the allowed teams mount by name at `target`. Rules on the paths: apps/cluster/volumes.py."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    host_path = models.CharField(max_length=1024, help_text="Absolute path on every host that runs such jobs.")
+    target = models.CharField(max_length=1024, help_text="Absolute path inside the job (default /mnt/<name>).")
+    read_only = models.BooleanField(default=True)
+    teams = models.ManyToManyField("accounts.Team", blank=True, related_name="volumes",
+                                   help_text="Teams whose jobs may mount it.")
+    all_teams = models.BooleanField(default=False, help_text="Every team's jobs may mount it.")
+    description = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -13,7 +14,13 @@ from apps.cluster.models import GPU, Host, HostCredential
 from apps.core.errors import WrongState
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
-from workers.protocol import HEARTBEAT_TIMEOUT_S, PROTOCOL_VERSION, valid_address
+from workers.protocol import (
+    CONTAINER_RUNTIMES,
+    HEARTBEAT_TIMEOUT_S,
+    PROTOCOL_VERSION,
+    ImageRecord,
+    valid_address,
+)
 
 
 class RegistrationError(WrongState, ValueError):
@@ -66,6 +73,8 @@ def host_register(host: Host, registration: dict) -> Host:
         host.simulated = bool(registration.get("simulated"))
         host.address = address
         host.cpus, host.memory_mb = _capacity(registration)
+        host.runtime = runtime_of(registration)
+        host.cached_images = images_of(registration.get("images"))
         host.last_heartbeat = now
         if host.state == Host.State.DOWN:
             host.state = Host.State.DRAINING if host.drain else Host.State.UP
@@ -88,6 +97,22 @@ def host_register(host: Host, registration: dict) -> Host:
             health=GPU.Health.FAULTY, health_reason="not reported by the agent at its last registration"
         )
     return host
+
+
+def runtime_of(registration: dict) -> str:
+    """The agent's job backend; "process" for an older agent that does not say (or says something unknown)."""
+    runtime = registration.get("runtime")
+    return runtime if runtime in CONTAINER_RUNTIMES else "process"
+
+
+def images_of(message: object) -> list[dict]:
+    """A container host's cached images as stored on the Host (ImageRecord's fields); malformed entries dropped."""
+    return [asdict(record) for record in ImageRecord.decode_list(message)]
+
+
+def host_set_images(host: Host, message: object) -> None:
+    """Record the images a heartbeat reported (the same shape as the registration's `images`)."""
+    Host.objects.filter(pk=host.pk).update(cached_images=images_of(message))
 
 
 def _capacity(registration: dict) -> tuple[int, int]:

@@ -22,6 +22,10 @@ class AuditEvent(models.Model):
         HOST_TOKEN_CREATED = "host_token_created", "host token created"
         QUOTA_REQUESTED = "quota_requested", "quota increase requested"
         QUOTA_REQUEST_DECIDED = "quota_request_decided", "quota request approved or rejected"
+        SECRET_CREATED = "secret_created", "team secret created"
+        SECRET_ROTATED = "secret_rotated", "team secret rotated"
+        SECRET_DELETED = "secret_deleted", "team secret deleted"
+        VOLUME_CHANGED = "volume_changed", "volume created, changed or deleted"
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.ForeignKey(

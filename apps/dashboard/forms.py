@@ -13,6 +13,7 @@ from django.utils import timezone
 from apps.accounts.models import Role
 from apps.cluster.selectors import known_gpu_types
 from apps.core.parsers import JSONTooDeep, loads_bounded
+from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_STEPS, Job
 from apps.jobs.services import JobSpec
 from apps.jobs.workload_shape import MAX_PARAMS_DEPTH
@@ -65,6 +66,22 @@ class JobSubmitForm(forms.Form):
     )
     max_steps = forms.IntegerField(required=False, min_value=1, max_value=MAX_STEPS, label="Max steps")
     max_retries = forms.IntegerField(min_value=0, max_value=3, initial=0, label="Retries after a lost host")
+    # The job's environment (issue 16): checked by job_submit as for the API.
+    image = forms.CharField(required=False, strip=True, label="Image",
+                            help_text="An OCI image to run in, e.g. registry.example.org/team/train:1.2 (blank: "
+                                      "on the host). Only hosts whose agent runs podman or docker take it.")
+    env = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Environment variables",
+                          help_text="One NAME=value per line.")
+    secrets = forms.CharField(required=False, label="Team secrets",
+                              help_text="Names of the team's secrets, separated by spaces or commas.")
+    mounts = forms.CharField(required=False, label="Volumes",
+                             help_text="Names of volumes the team may use, separated by spaces or commas.")
+    code_snapshot = forms.CharField(required=False, label="Code snapshot",
+                                    help_text="The id of an uploaded code snapshot (gpuctl submit --code .).")
+    git_url = forms.CharField(required=False, label="Git repository", help_text="https://, ssh:// or git:// URL.")
+    git_ref = forms.CharField(required=False, label="Git ref",
+                              help_text="Branch, tag or 40-hex commit (blank: HEAD); the commit is recorded.")
+    shm_gb = forms.FloatField(required=False, min_value=0.001, max_value=MAX_SHM_GB, label="/dev/shm (GB)")
 
     def __init__(self, *args: Any, teams: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,8 +120,32 @@ class JobSubmitForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(f"Cannot split the command: {exc}.") from None
 
+    def clean_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for number, line in enumerate(self.cleaned_data.get("env", "").splitlines(), start=1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                raise forms.ValidationError(f"Line {number}: write NAME=value.")
+            if name.strip() in env:
+                raise forms.ValidationError(f"Line {number}: {name.strip()} is set twice.")
+            env[name.strip()] = value
+        return env
+
+    def clean_secrets(self) -> list[str]:
+        return _names(self.cleaned_data.get("secrets", ""))
+
+    def clean_mounts(self) -> list[str]:
+        return _names(self.cleaned_data.get("mounts", ""))
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        code = self.cleaned_data
+        if code.get("code_snapshot") and code.get("git_url"):
+            self.add_error("code_snapshot", "Give a code snapshot or a git repository, not both.")
+        if code.get("git_ref") and not code.get("git_url"):
+            self.add_error("git_url", "Give the repository of the ref.")
         mode = data.get("workload_mode")
         if mode == WORKLOAD_BUILTIN and not data.get("builtin"):
             self.add_error("builtin", "Choose a built-in workload.")
@@ -126,12 +167,28 @@ class JobSubmitForm(forms.Form):
             gpu_type=data.get("gpu_type") or None, priority=data["priority"], preset=data.get("preset") or None,
             max_steps=data.get("max_steps"), time_limit_minutes=data.get("time_limit_minutes"),
             max_retries=data.get("max_retries") or 0,
+            image=data.get("image") or "", env=data.get("env") or {}, secrets=data.get("secrets") or [],
+            mounts=data.get("mounts") or [], code=self._code(data), shm_gb=data.get("shm_gb"),
         )
+
+    @staticmethod
+    def _code(data: dict[str, Any]) -> dict[str, Any] | None:
+        if data.get("code_snapshot"):
+            return {"snapshot": data["code_snapshot"]}
+        if data.get("git_url"):
+            return {"git": {"url": data["git_url"], "ref": data.get("git_ref") or "HEAD"}}
+        return None
 
     def add_spec_errors(self, errors: dict[str, object]) -> None:
         """Show job_submit's field errors (JobSpecError.errors) on the form's fields, nested workload errors too."""
         for key, value in errors.items():
-            if key == "workload" and isinstance(value, dict):
+            if key == "code" and isinstance(value, dict):
+                self._add_code_errors(value)
+            elif key == "env" and isinstance(value, dict):
+                for name, msgs in value.items():
+                    for msg in _as_list(msgs):
+                        self.add_error("env", f"{name}: {msg}")
+            elif key == "workload" and isinstance(value, dict):
                 for sub, messages in value.items():
                     if sub == "params" and isinstance(messages, dict):
                         for param, msgs in messages.items():
@@ -149,6 +206,21 @@ class JobSubmitForm(forms.Form):
             else:
                 for msg in _as_list(value):
                     self.add_error(None, f"{key}: {msg}")
+
+
+    def _add_code_errors(self, errors: dict[str, Any]) -> None:
+        for kind, value in errors.items():
+            if kind == "git" and isinstance(value, dict):
+                for sub, msgs in value.items():
+                    for msg in _as_list(msgs):
+                        self.add_error("git_ref" if sub == "ref" else "git_url", str(msg))
+                continue
+            for msg in _as_list(value):
+                self.add_error("code_snapshot" if kind == "snapshot" else "git_url", str(msg))
+
+
+def _names(text: str) -> list[str]:
+    return [name for name in text.replace(",", " ").split() if name]
 
 
 def _as_list(value: object) -> list[object]:

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
-from apps.dashboard import views
+from apps.dashboard import host_pages, secrets_pages, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -22,6 +22,11 @@ urlpatterns = [
     path("teams/<slug:slug>/quota-requests/", views.quota_request_new, name="quota-request-new"),
     path("teams/<slug:slug>/quota-requests/<int:request_id>/decision/", views.quota_request_decision,
          name="quota-request-decision"),
+    # Issue 16: team secrets, and a host's runtime and cached images.
+    path("teams/<slug:slug>/secrets/", secrets_pages.team_secrets_page, name="team-secrets"),
+    path("teams/<slug:slug>/secrets/<str:name>/rotate/", secrets_pages.team_secret_rotate, name="team-secret-rotate"),
+    path("teams/<slug:slug>/secrets/<str:name>/delete/", secrets_pages.team_secret_delete, name="team-secret-delete"),
+    path("hosts/<str:name>/", host_pages.host_detail, name="host-detail"),
     path("reports/usage/", views.usage_report, name="report-usage"),
     path("alerts/", views.alert_list, name="alerts"),
     path("alerts/<int:alert_id>/ack/", views.alert_ack, name="alert-ack"),

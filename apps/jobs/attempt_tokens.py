@@ -30,8 +30,9 @@ def attempt_token(job_id: int, attempt: int) -> str:
     return _signer().sign_object({"job": job_id, "attempt": attempt})
 
 
-def attempt_from_token(token: str) -> Job | None:
-    """The running job whose current attempt `token` was issued for; None for any other token."""
+def attempt_from_token(token: str, states: tuple[str, ...] = (Job.State.RUNNING,)) -> Job | None:
+    """The running job whose current attempt `token` was issued for; None for any other token. `states`: the
+    job API's code download also serves an attempt that is placed (its agent fetches the code before it starts)."""
     try:
         claim = _signer().unsign_object(token)
     except (signing.BadSignature, ValueError):
@@ -39,7 +40,7 @@ def attempt_from_token(token: str) -> Job | None:
     if not isinstance(claim, dict) or not isinstance(claim.get("job"), int) or not isinstance(claim.get("attempt"), int):
         return None
     return (Job.objects.select_related("team", "user")
-            .filter(pk=claim["job"], attempts=claim["attempt"], state=Job.State.RUNNING).first())
+            .filter(pk=claim["job"], attempts=claim["attempt"], state__in=states).first())
 
 
 def replica_secret(job_id: int, attempt: int) -> str:

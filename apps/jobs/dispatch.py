@@ -8,9 +8,21 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.secrets import secret_values
+from apps.cluster.volumes import resolve_mounts
+from apps.core.errors import InvalidInput
 from apps.jobs.attempt_tokens import attempt_token, replica_secret
 from apps.jobs.models import Job, JobAllocation
-from workers.protocol import RUN_JOB_TASK, STOP_JOB_TASK, Dispatch, Rendezvous, host_queue
+from workers.protocol import (
+    JOB_CODE_PATH,
+    RUN_JOB_TASK,
+    STOP_JOB_TASK,
+    CodeSnapshot,
+    ContainerSpec,
+    Dispatch,
+    Rendezvous,
+    host_queue,
+)
 from workers.runtime.catalog import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -39,6 +51,7 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
     order = sorted(by_host, key=lambda name: (-len(by_host[name]), name))
     preset = PRESETS.get(job.preset)
     multi_process = bool(preset and preset.multi_process)
+    container = container_spec(job)
     messages = []
     for rank, host_name in enumerate(order):
         rendezvous = None
@@ -70,10 +83,31 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
                     cpus=_host_part(job.cpus, len(by_host[host_name]), job.gpus),
                     memory_gb=_host_part(job.memory_gb, len(by_host[host_name]), job.gpus),
                     replica_secret=replica_secret_of(job),
+                    container=container,
                 ),
             )
         )
     return messages
+
+
+def container_spec(job: Job) -> ContainerSpec:
+    """The job's environment for its agent. Secret values and volume paths are read now, at each dispatch: a
+    rotated secret or a moved volume reaches the next attempt without editing the job, and no value is kept on
+    the job, in its events or in a log (ContainerSpec leaves secrets out of its repr)."""
+    code = None
+    snapshot = job.code_snapshot if job.code_snapshot_id is not None else None
+    if snapshot is not None:
+        code = CodeSnapshot(kind="upload", url=JOB_CODE_PATH, sha256=snapshot.sha256, size=snapshot.size)
+    elif job.git_url:
+        code = CodeSnapshot(kind="git", url=job.git_url, ref=job.git_ref, commit=job.git_commit)
+    return ContainerSpec(
+        image=job.image,
+        env=dict(job.env or {}),
+        secrets=secret_values(job.team_id, list(job.secrets)) if job.secrets else {},
+        mounts=tuple(resolve_mounts(job.team_id, list(job.mounts))) if job.mounts else (),
+        code=code,
+        shm_gb=job.shm_gb,
+    )
 
 
 def _host_part(total: float | None, host_gpus: int, gpus: int) -> float | None:
@@ -91,10 +125,20 @@ def dispatch_job(job_id: int) -> None:
     """Send a placed job to the queue of each of its hosts (after commit). Agents ignore stale messages."""
     from celery import current_app
 
-    job = Job.objects.filter(pk=job_id, state=State.PLACED).first()
+    job = Job.objects.select_related("code_snapshot").filter(pk=job_id, state=State.PLACED).first()
     if job is None:
         return
-    for host_name, message in dispatch_messages(job):
+    try:
+        messages = dispatch_messages(job)
+    except InvalidInput as refusal:
+        # A secret or volume the job names is gone (or unreadable) since it was submitted: it cannot run.
+        from apps.jobs.lifecycle import job_finish  # (lifecycle sends its stops through this module)
+
+        problems = "; ".join(f"{field}: {' '.join(map(str, msgs)) if isinstance(msgs, list) else msgs}"
+                             for field, msgs in refusal.errors.items())
+        job_finish(job.pk, succeeded=False, exit_code=None, reason=f"cannot start: {problems}"[:500])
+        return
+    for host_name, message in messages:
         try:
             current_app.send_task(RUN_JOB_TASK, args=[message.to_message()], queue=host_queue(host_name))
         except Exception:  # noqa: BLE001 - a broker outage must not fail the pass; the reaper re-sends

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
+from typing import cast
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, Http404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -24,7 +25,8 @@ from apps.core.schema import ErrorSerializer
 from apps.jobs import services
 from apps.jobs.api import ArtifactSerializer, artifact_download, artifact_listing, artifact_store
 from apps.jobs.attempt_tokens import attempt_from_token
-from apps.jobs.models import Job
+from apps.jobs.code_snapshot_api import snapshot_response
+from apps.jobs.models import CodeSnapshot, Job
 from workers.runtime.artifacts import safe_relpath
 
 WRITABLE_FOLDERS = ("checkpoints", "outputs")
@@ -49,6 +51,14 @@ class JobTokenAuthentication(KeywordTokenAuthentication):
         return (JobPrincipal(job), job) if job is not None else None
 
 
+class StartingJobTokenAuthentication(JobTokenAuthentication):
+    """The job token of an attempt that is placed or running: its agent fetches the job's code before starting."""
+
+    def resolve(self, token: str) -> tuple[JobPrincipal, Job] | None:
+        job = attempt_from_token(token, states=(Job.State.PLACED, Job.State.RUNNING))
+        return (JobPrincipal(job), job) if job is not None else None
+
+
 class JobTokenScheme(OpenApiAuthenticationExtension):
     target_class = JobTokenAuthentication
     name = "jobToken"
@@ -56,6 +66,15 @@ class JobTokenScheme(OpenApiAuthenticationExtension):
     def get_security_definition(self, auto_schema):
         return {"type": "apiKey", "in": "header", "name": "Authorization",
                 "description": "Job <token>: CONSOLE_JOB_TOKEN inside a running job"}
+
+
+class StartingJobTokenScheme(JobTokenScheme):
+    target_class = StartingJobTokenAuthentication
+    name = "jobTokenPlacedOrRunning"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "Job <token>: the attempt's job token (its agent's, in the dispatch), from placement on"}
 
 
 class IsRunningJob(permissions.BasePermission):
@@ -129,3 +148,20 @@ class JobSelfArtifactView(JobSelfView):
             spool.flush()
             artifact_store().put(str(request.auth.pk), relpath, spool.name)
         return Response({"path": relpath, "size": size}, status=status.HTTP_201_CREATED)
+
+
+class JobSelfCodeView(APIView):
+    """The job's uploaded code snapshot (a tar.gz, its digest in X-Content-SHA256), for its agent to unpack at
+    workers.protocol.CODE_PATH (JOB_CODE_PATH). A job whose code is a git repository or none: 404."""
+
+    authentication_classes = [StartingJobTokenAuthentication]
+    permission_classes = [IsRunningJob]
+
+    @extend_schema(responses={(200, "application/gzip"): bytes, 401: ErrorSerializer, 404: ErrorSerializer})
+    def get(self, request: Request) -> FileResponse:
+        job = cast(Job, request.auth)  # (IsRunningJob)
+        snapshot = CodeSnapshot.objects.filter(pk=job.code_snapshot_id).first() if job.code_snapshot_id else None
+        if snapshot is None:
+            raise Http404("This job has no uploaded code.")
+        return snapshot_response(snapshot)
+

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -15,6 +17,28 @@ MAX_STEPS = 2**31 - 1
 # Bounds of a job's cpus and memory_gb whatever the hosts (a typo like 10**9 is a 400 even before any registers).
 MAX_JOB_CPUS = 4096
 MAX_JOB_MEMORY_GB = 65536
+
+
+class CodeSnapshot(models.Model):
+    """A team's uploaded code (a tar.gz in the artifact store, checked on upload): what a job starts in.
+
+    The archive lives in the artifact store under CODE_SNAPSHOT_NAMESPACE/<id>.tar.gz; the row holds what the
+    agent checks before unpacking it (digest, size) and what the job page shows.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="code_snapshots")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    files = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"code snapshot {self.pk} of {self.team_id} ({self.size} bytes)"
 
 
 class Job(models.Model):
@@ -49,6 +73,18 @@ class Job(models.Model):
     # or the per-GPU defaults. Null for jobs from before: their hosts apply only the process-count limit.
     cpus = models.FloatField(null=True, blank=True)
     memory_gb = models.FloatField(null=True, blank=True)
+    # Its environment (issue 16): an OCI image (empty: the job runs on the host), plain variables, the names of
+    # team secrets (values are read at dispatch, never stored here), the names of volumes, its code, /dev/shm.
+    image = models.CharField(max_length=255, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    secrets = models.JSONField(default=list, blank=True)
+    mounts = models.JSONField(default=list, blank=True)
+    code_snapshot = models.ForeignKey(CodeSnapshot, null=True, blank=True, on_delete=models.PROTECT,
+                                      related_name="jobs", db_index=False)
+    git_url = models.CharField(max_length=2000, blank=True)
+    git_ref = models.CharField(max_length=255, blank=True)
+    git_commit = models.CharField(max_length=40, blank=True, help_text="The commit recorded at submission.")
+    shm_gb = models.FloatField(null=True, blank=True)
     priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.NORMAL)
     preset = models.CharField(max_length=60)
     workload = models.JSONField()

@@ -17,6 +17,9 @@ from apps.scheduling.placeability import Candidate
 from apps.scheduling.similarity import similarity_key
 from apps.scheduling.types import GpuView, HostView, PendingJob, Priority
 
+# The runtimes (workers.protocol.CONTAINER_RUNTIMES) that run a job in its image; "process" runs it on the host.
+CONTAINER_BACKENDS = ("podman", "docker")
+
 # What the policy needs of each active job, read as plain rows: a pass reads the whole queue every second, and
 # building model instances (with their team and user) for 2,000 queued jobs cost 200 ms a pass.
 JOB_FIELDS = {
@@ -25,7 +28,7 @@ JOB_FIELDS = {
     "steps_done_": F("steps_done"), "steps_per_second_": F("steps_per_second"),
     "time_limit_minutes_": F("time_limit_minutes"), "preemption_count_": F("preemption_count"),
     "workload_": F("workload"), "gpu_share_units_": F("gpu_share_units"), "gpu_memory_mb_": F("gpu_memory_mb"),
-    "created_at_": F("created_at"),
+    "created_at_": F("created_at"), "image_": F("image"),
 }
 HOLDING_FIELDS = {
     "started_at_": F("started_at"), "placed_at_": F("placed_at"), "borrowing_": F("borrowing"),
@@ -42,13 +45,20 @@ def gpu_view(gpu: GPU) -> GpuView:
                    memory_mb=gpu.memory_mb)
 
 
+def runs_containers(host: Host) -> bool:
+    """Whether the host's agent runs jobs in OCI containers (its registration's runtime)."""
+    return host.runtime in CONTAINER_BACKENDS
+
+
 def host_view(host: Host, gpus: list[GPU]) -> HostView:
-    return HostView(name=host.name, schedulable=host.state == Host.State.UP, gpus=tuple(gpu_view(g) for g in gpus))
+    return HostView(name=host.name, schedulable=host.state == Host.State.UP, gpus=tuple(gpu_view(g) for g in gpus),
+                    runs_containers=runs_containers(host))
 
 
 def candidate(gpu: GPU, units_in_use: int) -> Candidate:
     """A GPU row (with its host selected) offered to a placement, holding `units_in_use` already."""
-    return Candidate(gpu_view(gpu), gpu.host.name, gpu.host.state == Host.State.UP, units_in_use)
+    return Candidate(gpu_view(gpu), gpu.host.name, gpu.host.state == Host.State.UP, units_in_use,
+                     runs_containers(gpu.host))
 
 
 def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> dict[str, Any]:
@@ -71,6 +81,7 @@ def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> 
         "gpu_share": job["gpu_share_units_"] / 100,
         "gpu_memory_mb": job["gpu_memory_mb_"],
         "submitted_at": epoch(job["created_at_"]) or now,
+        "needs_containers": bool(job["image_"]),
     }
 
 
@@ -78,6 +89,6 @@ def pending_job(job: Job, now: float) -> PendingJob:
     """A job model instance (with team and user) as the core sees a waiting job: what a placement checks."""
     row = {f"{name}_": getattr(job, name) for name in (
         "gpus", "priority", "gpu_type", "max_steps", "steps_done", "steps_per_second", "time_limit_minutes",
-        "preemption_count", "workload", "gpu_share_units", "gpu_memory_mb", "created_at")}
+        "preemption_count", "workload", "gpu_share_units", "gpu_memory_mb", "created_at", "image")}
     row.update(job_id=job.pk, team_slug=job.team.slug, username=job.user.get_username())
     return PendingJob(**job_common(row, 0.0, now))

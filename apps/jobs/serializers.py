@@ -5,9 +5,11 @@ from decimal import Decimal
 from typing import Any, ClassVar
 
 from django.conf import settings
+from django.urls import reverse
 from rest_framework import serializers
 
 from apps.core.serializers import RejectUnknownFieldsMixin
+from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
 from apps.quotas.models import Priority
 
@@ -58,6 +60,18 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         help_text="host memory the job may use; past it the job fails as out of memory; default: per GPU",
     )
 
+    image = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False,
+                                  help_text="an OCI image to run the job in ([registry[:port]/]name[:tag][@sha256:"
+                                            "digest]); none: the job runs on the host")
+    env = serializers.JSONField(required=False, help_text='plain variables: {"NAME": "value"}')
+    secrets = serializers.JSONField(required=False, help_text="names of the team's secrets to hand the job")
+    mounts = serializers.JSONField(required=False, help_text="names of volumes (admin-defined) the team may use")
+    code = serializers.JSONField(
+        required=False, help_text='{"snapshot": ID} (POST /api/v1/code-snapshots/) or {"git": {"url": URL, "ref": '
+                                  'REF}}; the command runs in the code folder')
+    shm_gb = PositiveFloatField(max_value=MAX_SHM_GB, required=False, allow_null=True,
+                                help_text="the container's /dev/shm (counts against memory_gb)")
+
     def get_fields(self) -> dict[str, serializers.Field]:
         # DRF deep-copies the declared fields for every serializer, rebuilding each field and its validators: a
         # third of validating a submission. These fields keep no state of their own beyond what binding sets on
@@ -78,7 +92,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         data = dict(self.validated_data)
         gpus: Decimal = data.pop("gpus")
         memory_gb = data.pop("gpu_memory_gb", None)
-        for name in ("cpus", "memory_gb"):
+        for name in ("cpus", "memory_gb", "shm_gb"):
             if data.get(name) is None:
                 data.pop(name, None)
         if gpus < 1:
@@ -107,13 +121,16 @@ class JobSerializer(serializers.ModelSerializer):
     gpus = serializers.FloatField(source="gpus_requested", read_only=True)
     gpu_memory_gb = serializers.SerializerMethodField()
     allocations = serializers.SerializerMethodField()
+    code = serializers.SerializerMethodField()
+    backend = serializers.SerializerMethodField()
+    resolved_image = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = [
             "id", "name", "team", "user", "kind", "gpus", "gpu_memory_gb", "gpu_type", "cpus", "memory_gb", "priority", "preset",
-            "workload", "max_steps",
-            "time_limit_minutes", "max_retries", "state", "pending_reason", "queue_position", "estimated_start",
+            "workload", "max_steps", "image", "env", "secrets", "mounts", "code", "shm_gb", "backend",
+            "resolved_image", "time_limit_minutes", "max_retries", "state", "pending_reason", "queue_position", "estimated_start",
             "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done", "steps_per_second",
             "samples_per_second", "last_loss", "runtime_info", "allocations", "created_at", "placed_at", "started_at",
             "finished_at",
@@ -132,11 +149,43 @@ class JobSerializer(serializers.ModelSerializer):
     def get_gpu_memory_gb(self, job: Job) -> float | None:
         return round(job.gpu_memory_mb / 1024, 2) if job.gpu_memory_mb is not None else None
 
+    def get_code(self, job: Job) -> dict[str, Any] | None:
+        return code_data(job)
+
+    def get_backend(self, job: Job) -> str | None:
+        return backend_of(job)
+
+    def get_resolved_image(self, job: Job) -> str:
+        return resolved_image_of(job)
+
     def get_allocations(self, job: Job) -> list[dict[str, Any]]:
         active = [a for a in job.allocations.all() if a.released_at is None]
         if not active and job.is_final:
             active = list(job.allocations.all())
         return AllocationSerializer(active, many=True).data
+
+
+def code_data(job: Job) -> dict[str, Any] | None:
+    """The job's code: its snapshot (with where to download it) or its git repository at the recorded commit."""
+    if job.code_snapshot_id is not None:
+        return {"snapshot": str(job.code_snapshot_id),
+                "download": reverse("code-snapshot-download", args=[job.code_snapshot_id])}
+    if job.git_url:
+        return {"git": {"url": job.git_url, "ref": job.git_ref, "commit": job.git_commit}}
+    return None
+
+
+def backend_of(job: Job) -> str | None:
+    """What ran the job's latest attempt, as its agent reported ("process" from agents that do not say); None
+    before any attempt ran."""
+    if job.runtime_info.get("backend"):
+        return str(job.runtime_info["backend"])
+    return "process" if job.started_at is not None else None
+
+
+def resolved_image_of(job: Job) -> str:
+    """The image the latest attempt ran in, as the container runtime resolved it (name@digest)."""
+    return str(job.runtime_info.get("image") or "")
 
 
 _DATETIME = serializers.DateTimeField(read_only=True)
@@ -157,7 +206,9 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "gpus": float(job.gpus_requested),
         "gpu_memory_gb": round(job.gpu_memory_mb / 1024, 2) if job.gpu_memory_mb is not None else None,
         "gpu_type": job.gpu_type, "cpus": job.cpus, "memory_gb": job.memory_gb, "priority": job.priority, "preset": job.preset, "workload": job.workload,
-        "max_steps": job.max_steps, "time_limit_minutes": job.time_limit_minutes, "max_retries": job.max_retries,
+        "max_steps": job.max_steps, "image": job.image, "env": job.env, "secrets": job.secrets,
+        "mounts": job.mounts, "code": code_data(job), "shm_gb": job.shm_gb, "backend": backend_of(job),
+        "resolved_image": resolved_image_of(job), "time_limit_minutes": job.time_limit_minutes, "max_retries": job.max_retries,
         "state": job.state, "pending_reason": job.pending_reason, "queue_position": job.queue_position,
         "estimated_start": when(job.estimated_start), "exit_code": job.exit_code,
         "failure_reason": job.failure_reason, "attempts": job.attempts, "preemption_count": job.preemption_count,

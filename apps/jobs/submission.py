@@ -20,6 +20,7 @@ from apps.accounts import access
 from apps.accounts.access import Action
 from apps.accounts.models import Membership, Role, Team
 from apps.cluster.selectors import GpuPools, gpu_pools, gpu_pools_from_json, gpu_pools_subquery
+from apps.jobs.container_spec import checked_environment
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError
 from apps.jobs.lifecycle import request_scheduler_pass
 from apps.jobs.models import Job, JobEvent
@@ -51,6 +52,14 @@ class JobSpec:
     # CPUs and host memory (the job's cgroup limits); None: the per-GPU defaults.
     cpus: float | None = None
     memory_gb: float | None = None
+    # Its environment (apps/jobs/container_spec.py): an OCI image (none: the job runs on the host), plain
+    # variables, names of team secrets and volumes, code ({"snapshot": ID} or {"git": {"url", "ref"}}), /dev/shm.
+    image: str = ""
+    env: Any = None
+    secrets: Any = None
+    mounts: Any = None
+    code: Any = None
+    shm_gb: float | None = None
 
     @property
     def units(self) -> int:
@@ -273,6 +282,9 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
     errors: dict[str, object] = {"workload": problem} if problem else _check_workload(spec.kind, preset, workload)
     errors.update(_check_gpus(spec, submitter))
     cpus, memory_gb = _resources(spec, submitter.pools or gpu_pools(), errors)
+    environment = checked_environment(image=spec.image, env=spec.env, secrets=spec.secrets, mounts=spec.mounts,
+                                      code=spec.code, shm_gb=spec.shm_gb, team=team, memory_gb=memory_gb,
+                                      errors=errors)
     if not errors and budget_exhausted(team, quota):
         errors["team"] = [f"Team {team.slug} has used its {quota.gpu_hours_per_month} GPU-hour budget this month."]
     if errors:
@@ -294,6 +306,15 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         gpu_memory_mb=spec.gpu_memory_mb,
         cpus=cpus,
         memory_gb=memory_gb,
+        image=environment.image,
+        env=environment.env,
+        secrets=environment.secrets,
+        mounts=environment.mounts,
+        code_snapshot=environment.code.snapshot,
+        git_url=environment.code.git_url,
+        git_ref=environment.code.git_ref,
+        git_commit=environment.code.git_commit,
+        shm_gb=environment.shm_gb,
         # The pass requested below replaces this with the job's real standing (quota, position) within a second.
         pending_reason="waiting for the scheduler",
     )

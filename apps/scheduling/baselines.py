@@ -35,7 +35,7 @@ def admit_preemptive(snapshot: Snapshot, ordered: Sequence[AnyJob], consolidate:
     scratch = FreeGpus.from_snapshot(replace(snapshot, running=()))
     assignment: dict[int, tuple[int, ...]] = {}
     for job in ordered:
-        chosen = choose_gpus(scratch, job.gpus, job.gpu_type, consolidate)
+        chosen = choose_gpus(scratch, job.gpus, job.gpu_type, consolidate, scratch.hosts_for(job))
         if chosen is not None:
             scratch.take(chosen)
             assignment[job.job_id] = chosen
@@ -49,7 +49,7 @@ def admit_preemptive(snapshot: Snapshot, ordered: Sequence[AnyJob], consolidate:
     placements: list[Placement] = []
     for job in ordered:
         if isinstance(job, PendingJob) and job.job_id in assignment:
-            chosen = choose_gpus(free, job.gpus, job.gpu_type, consolidate)
+            chosen = choose_gpus(free, job.gpus, job.gpu_type, consolidate, free.hosts_for(job))
             if chosen is None:
                 break
             free.take(chosen)
@@ -77,7 +77,7 @@ def admit_waiting(snapshot: Snapshot, ordered: Sequence[PendingJob], consolidate
     placements: list[Placement] = []
     assignment: dict[int, tuple[int, ...]] = {}
     for job in ordered:
-        chosen = choose_gpus(free, job.gpus, job.gpu_type, consolidate)
+        chosen = choose_gpus(free, job.gpus, job.gpu_type, consolidate, free.hosts_for(job))
         if chosen is not None:
             free.take(chosen)
             placements.append(Placement(job.job_id, chosen))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from apps.scheduling.placement import FreeGpus, choose_gpus
+from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import Decisions, PendingInfo, PendingJob, Placement, Snapshot
 
@@ -61,6 +61,10 @@ def schedule_fcfs(snapshot: Snapshot) -> Decisions:
             # A memory request takes more of the chosen GPU than the quota allows: put it back.
             free.give_share(choice[0][0], choice[1], job.gpu_memory_mb or 0)
             choice = None
+        if choice is None and job.needs_containers and not free.container_hosts:
+            position += 1
+            pending[job.job_id] = PendingInfo(NO_CONTAINER_HOST, position, code="no_runtime")
+            continue
         if choice is None:
             position += 1
             kind = f" of type {job.gpu_type}" if job.gpu_type else ""
@@ -84,7 +88,7 @@ def _choose(free: FreeGpus, job: PendingJob) -> tuple[tuple[int, ...], int] | No
             return None
         free.take_share(found[0], found[1], job.gpu_memory_mb or 0)
         return (found[0],), found[1]
-    gpu_ids = choose_gpus(free, job.gpus, job.gpu_type)
+    gpu_ids = choose_gpus(free, job.gpus, job.gpu_type, hosts=free.hosts_for(job))
     if gpu_ids is None:
         return None
     free.take(gpu_ids)

@@ -23,6 +23,7 @@ class Candidate:
     host: str = ""
     host_schedulable: bool = True
     units_in_use: int = 0
+    host_runs_containers: bool = False
 
 
 def gpu_index(hosts: Iterable[HostView]) -> dict[int, tuple[HostView, GpuView]]:
@@ -50,14 +51,14 @@ def candidates(
         if entry is None:
             return None
         host, gpu = entry
-        found.append(Candidate(gpu, host.name, host.schedulable, used.get(gpu_id, 0)))
+        found.append(Candidate(gpu, host.name, host.schedulable, used.get(gpu_id, 0), host.runs_containers))
     return found
 
 
 def placement_refusal(job: PendingJob, offered: Sequence[Candidate], units: int) -> str | None:
     """Why `job` may not take `offered` with `units` of each GPU (FULL for whole GPUs), or None if it may.
 
-    Every GPU must be on a schedulable host, healthy, of the type the job asks for, with `units` left, and with
+    Every GPU must be on a schedulable host (one that runs containers, for a job with an image), healthy, of the type the job asks for, with `units` left, and with
     the memory the job asks for; a fraction's units must cover its memory there (sharing.units_on; a GPU whose
     memory is unknown can take a memory-only job only whole).
     """
@@ -71,6 +72,8 @@ def placement_refusal(job: PendingJob, offered: Sequence[Candidate], units: int)
         where = f"GPU {c.host}:{c.gpu.index}" if c.host else f"GPU {c.gpu.gpu_id}"
         if not c.host_schedulable:
             return f"{where}: its host takes no new jobs"
+        if job.needs_containers and not c.host_runs_containers:
+            return f"{where}: its host runs no containers, and the job has an image"
         if not c.gpu.schedulable:
             return f"{where} takes no new jobs"
         if job.gpu_type and c.gpu.gpu_type != job.gpu_type:

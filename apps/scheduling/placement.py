@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from apps.scheduling.sharing import FULL, held_units, is_fractional, units_on
-from apps.scheduling.types import PendingJob, Snapshot
+from apps.scheduling.types import PendingJob, RunningJob, Snapshot
+
+# The pending reason of a job with an image while no schedulable host runs containers.
+NO_CONTAINER_HOST = "no host runs containers: the job's image needs a host whose agent runs podman or docker"
 
 
 class FreeGpus:
@@ -40,12 +43,17 @@ class FreeGpus:
         self.room: dict[str, dict[int, dict[int, None]]] = {}
         # gpu type -> host -> number of GPUs there used by fractions
         self.shared_hosts: dict[str, dict[str, int]] = {}
+        # Schedulable hosts that run containers (the only ones a job with an image may use), and per gpu type
+        # the schedulable GPUs on each host (for the widest of them).
+        self.container_hosts: frozenset[str] = frozenset()
+        self.host_gpus: dict[str, dict[str, int]] = {}
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> FreeGpus:
         busy = {gpu_id for job in snapshot.running if not is_fractional(job) for gpu_id in job.gpu_ids}
         host_order: dict[str, int] = {}
         capacity: dict[str, int] = {}
+        host_gpus: dict[str, dict[str, int]] = {}
         for rank, host in enumerate(snapshot.hosts):
             host_order[host.name] = rank
             if not host.schedulable:
@@ -56,7 +64,10 @@ class FreeGpus:
                     per_type[gpu.gpu_type] = per_type.get(gpu.gpu_type, 0) + 1
             for gpu_type, count in per_type.items():
                 capacity[gpu_type] = max(capacity.get(gpu_type, 0), count)
+                host_gpus.setdefault(gpu_type, {})[host.name] = count
         free = cls(host_order, capacity)
+        free.host_gpus = host_gpus
+        free.container_hosts = frozenset(h.name for h in snapshot.hosts if h.schedulable and h.runs_containers)
         for host in snapshot.hosts:
             if not host.schedulable:
                 continue
@@ -83,7 +94,13 @@ class FreeGpus:
         clone.memory_used = dict(self.memory_used)
         clone.room = {t: {n: dict(ids) for n, ids in by_n.items()} for t, by_n in self.room.items()}
         clone.shared_hosts = {t: dict(hosts) for t, hosts in self.shared_hosts.items()}
+        clone.container_hosts = self.container_hosts
+        clone.host_gpus = self.host_gpus
         return clone
+
+    def hosts_for(self, job: PendingJob | RunningJob) -> frozenset[str] | None:
+        """The hosts `job` may use when not all: a job with an image needs one that runs containers."""
+        return self.container_hosts if job.needs_containers else None
 
     def types(self) -> list[str]:
         return sorted(self.host_capacity)
@@ -204,6 +221,7 @@ class FreeGpus:
         free GPUs (best fit, as for gangs), so that whole hosts stay free for gangs.
         """
         types = [job.gpu_type] if job.gpu_type else self.types()
+        allowed = self.hosts_for(job)
         best: tuple[int, int, int, int, int] | None = None  # (room left, host rank, index, gpu id, units)
         for gpu_type in types:
             buckets = self.room.get(gpu_type)
@@ -217,7 +235,7 @@ class FreeGpus:
                 if not bucket:
                     continue
                 for gpu_id in bucket:
-                    if gpu_id in fence:
+                    if gpu_id in fence or allowed is not None and self.location[gpu_id][0] not in allowed:
                         continue
                     units = self._fits_share(job, gpu_id, room)
                     if units is None:
@@ -235,7 +253,7 @@ class FreeGpus:
             if not hosts:
                 continue
             shared = self.shared_hosts.get(gpu_type, {})
-            for host in [h for h in shared if h in hosts]:
+            for host in [h for h in shared if h in hosts and (allowed is None or h in allowed)]:
                 fit = self._first_fit(job, hosts[host], fence)
                 if fit is not None:
                     rank = (len(hosts[host]), self.host_order[host], *fit)
@@ -247,6 +265,8 @@ class FreeGpus:
             if not hosts:
                 continue
             for host in self._fewest_free_hosts(gpu_type):
+                if allowed is not None and host not in allowed:
+                    continue
                 fit = self._first_fit(job, hosts[host], fence)
                 if fit is not None:
                     rank = (len(hosts[host]), self.host_order[host], *fit)
@@ -278,9 +298,12 @@ class FreeGpus:
         return -(-count // capacity)
 
 
-def _choose_of_type(free: FreeGpus, count: int, gpu_type: str, consolidate: bool) -> tuple[int, ...] | None:
+def _choose_of_type(free: FreeGpus, count: int, gpu_type: str, consolidate: bool,
+                    allowed: Collection[str] | None = None) -> tuple[int, ...] | None:
     if free.totals.get(gpu_type, 0) < count:
         return None
+    if allowed is not None:
+        return _choose_on_hosts(free, count, gpu_type, consolidate, allowed)
     hosts = free.free[gpu_type]
     capacity = free.host_capacity.get(gpu_type, 0)
     buckets = free.buckets.get(gpu_type, {})
@@ -291,6 +314,27 @@ def _choose_of_type(free: FreeGpus, count: int, gpu_type: str, consolidate: bool
             host = min(bucket, key=free.host_order.__getitem__)
             return tuple(hosts[host][:count])
     limit = free.max_hosts(count, gpu_type, consolidate)
+    return _spread(free, hosts, count, limit)
+
+
+def _choose_on_hosts(free: FreeGpus, count: int, gpu_type: str, consolidate: bool,
+                     allowed: Collection[str]) -> tuple[int, ...] | None:
+    """_choose_of_type among some hosts only (those that run containers): the same rules, by a scan of them."""
+    hosts = {h: ids for h, ids in free.free.get(gpu_type, {}).items() if h in allowed and ids}
+    if sum(len(ids) for ids in hosts.values()) < count:
+        return None
+    fits = [h for h, ids in hosts.items() if len(ids) >= count]
+    if fits:
+        host = min(fits, key=lambda h: (len(hosts[h]), free.host_order[h]))
+        return tuple(hosts[host][:count])
+    widest = max((n for h, n in free.host_gpus.get(gpu_type, {}).items() if h in allowed), default=0)
+    if consolidate and widest <= 0:
+        return None
+    return _spread(free, hosts, count, -(-count // widest) if consolidate else None)
+
+
+def _spread(free: FreeGpus, hosts: dict[str, list[int]], count: int, limit: int | None) -> tuple[int, ...] | None:
+    """A gang across the hosts with the most free GPUs first, on at most `limit` hosts."""
     chosen: list[int] = []
     for used, host in enumerate(sorted(hosts, key=lambda h: (-len(hosts[h]), free.host_order[h]))):
         if limit is not None and used >= limit:
@@ -302,14 +346,16 @@ def _choose_of_type(free: FreeGpus, count: int, gpu_type: str, consolidate: bool
 
 
 def choose_gpus(
-    free: FreeGpus, count: int, gpu_type: str | None, consolidate: bool = True
+    free: FreeGpus, count: int, gpu_type: str | None, consolidate: bool = True,
+    hosts: Collection[str] | None = None,
 ) -> tuple[int, ...] | None:
     """Pick `count` free GPUs of one type, packed onto as few hosts as possible, or None.
 
     A gang that fits on one host goes to the host with the fewest free matching GPUs that still fits it (best
     fit). A larger gang takes the hosts with the most free GPUs first. With `consolidate`, a gang never spans more
     hosts than the fewest that could hold it (a 4-GPU job waits for one host with 4 free GPUs rather than being
-    split 2+2). Without a requested type, a gang still gets GPUs of a single type.
+    split 2+2). Without a requested type, a gang still gets GPUs of a single type. `hosts`: only these hosts
+    (FreeGpus.hosts_for a job); None: any.
     """
     if count <= 0:
         return ()
@@ -318,7 +364,7 @@ def choose_gpus(
     best: tuple[int, ...] | None = None
     best_hosts = 0
     for candidate in [gpu_type] if gpu_type else free.types():
-        chosen = _choose_of_type(free, count, candidate, consolidate)
+        chosen = _choose_of_type(free, count, candidate, consolidate, hosts)
         if chosen is None:
             continue
         hosts_used = len({free.location[g][0] for g in chosen})

@@ -178,8 +178,12 @@ def _plan_for_type(
     consolidate: bool,
     sharers: dict[int, list[RunState]],
 ) -> VictimPlan | None:
-    free_on = {host: len(ids) for host, ids in free.free.get(gpu_type, {}).items()}
+    allowed = free.hosts_for(job)
+    free_on = {host: len(ids) for host, ids in free.free.get(gpu_type, {}).items()
+               if allowed is None or host in allowed}
     on_host = _groups_on_hosts(gpu_type, eligible, sharers)
+    if allowed is not None:  # a job with an image: only victims on hosts that run containers make room
+        on_host = {host: groups for host, groups in on_host.items() if host in allowed}
     freeable = {
         h: free_on.get(h, 0) + sum(c for _, c in on_host.get(h, ())) for h in free_on.keys() | on_host
     }
@@ -201,6 +205,8 @@ def _plan_for_type(
                 have += count
 
     capacity = free.host_capacity.get(gpu_type, 0)
+    if allowed is not None:
+        capacity = max((n for h, n in free.host_gpus.get(gpu_type, {}).items() if h in allowed), default=0)
     if job.gpus <= capacity:
         best: tuple[tuple[int, int, int], str, dict[int, tuple[RunState, str]]] | None = None
         for host in sorted(freeable, key=free.host_order.__getitem__):
@@ -217,6 +223,8 @@ def _plan_for_type(
             chosen = best[2]
     if not chosen and (job.gpus > capacity or not consolidate):
         limit = free.max_hosts(job.gpus, gpu_type, consolidate)
+        if allowed is not None and consolidate:
+            limit = -(-job.gpus // capacity) if capacity > 0 else 0
         hosts = sorted(freeable, key=lambda h: (-freeable[h], free.host_order[h]))
         if limit is not None:
             hosts = hosts[:limit]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.estimate import estimate_starts
 from apps.scheduling.ordering import FairShare, aging_boost
-from apps.scheduling.placement import FreeGpus, choose_gpus
+from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
 from apps.scheduling.prediction import predict_remaining_s
 from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, VictimIndex, plan_preemption
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
@@ -46,7 +46,7 @@ PREEMPTION_REASONS = {
 }
 
 # Waiting for reasons that GPUs ending elsewhere do not change: no estimated start.
-NO_ESTIMATE = frozenset({"quota", "user_cap", "no_gpu_type", "too_large"})
+NO_ESTIMATE = frozenset({"quota", "user_cap", "no_gpu_type", "no_runtime", "too_large"})
 # Whole-GPU jobs examined for the fraction fence per pass (the first one that fractions block is fenced for).
 FENCE_SCAN = 64
 
@@ -104,18 +104,22 @@ class ConsolePass:
         self.team_held: dict[str, int] = defaultdict(int)
         self.user_held: dict[tuple[str, str], int] = defaultdict(int)
         self.schedulable_total: dict[str, int] = defaultdict(int)
-        for gpu_type in self.free.location.values():
-            self.schedulable_total[gpu_type[1]] += 1
+        # ... and those on hosts that run containers (the ones a job with an image may use)
+        self.container_total: dict[str, int] = defaultdict(int)
+        for host, gpu_type, _ in self.free.location.values():
+            self.schedulable_total[gpu_type] += 1
+            if host in self.free.container_hosts:
+                self.container_total[gpu_type] += 1
         self.states: list[RunState] = []
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.pending: dict[int, PendingInfo] = {}
         self.reservation: Reservation | None = None
         self.searches = 0
-        self.no_fit: dict[str | None, tuple[int, int]] = {}
+        self.no_fit: dict[str | None, tuple[int, int]] = {}  # (whole-GPU jobs without an image)
         self.widest_host: dict[str | None, int] = {t: n for t, n in self.free.host_capacity.items()}
         self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
-        self.capacity_reasons: dict[tuple[str | None, int, int | None], tuple[str, str] | None] = {}
+        self.capacity_reasons: dict[tuple[str | None, int, int | None, bool], tuple[str, str] | None] = {}
         self.victim_index = VictimIndex()
         # jobs placed in this pass
         self.placed_ends: list[Release] = []
@@ -188,12 +192,13 @@ class ConsolePass:
         # Most jobs of a long queue do not fit: remember the smallest gang that failed since GPUs last came back.
         # (Only for single-host gangs when consolidating: a wider gang may fit across hosts where a narrower
         # one found no host.)
-        monotone = not self.config.consolidate or job.gpus <= self.widest_host.get(job.gpu_type, 0)
+        hosts = self.free.hosts_for(job)
+        monotone = hosts is None and (not self.config.consolidate or job.gpus <= self.widest_host.get(job.gpu_type, 0))
         failed = self.no_fit.get(job.gpu_type)
         if monotone and failed is not None and failed[0] == self.free.version and job.gpus >= failed[1]:
             chosen = None
         else:
-            chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+            chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate, hosts)
             if chosen is None and monotone:
                 self.no_fit[job.gpu_type] = (self.free.version, job.gpus)
         reservation = self.reservation
@@ -204,7 +209,7 @@ class ConsolePass:
         # Ends before the head's reserved start: it may use the reserved GPUs meanwhile.
         held = list(reservation.held)
         self.free.give(held)
-        chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+        chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate, hosts)
         self.free.take(g for g in held if chosen is None or g not in chosen)
         if chosen is not None:
             reservation.held.difference_update(chosen)  # they stay in the pool: _commit takes them
@@ -315,7 +320,7 @@ class ConsolePass:
                 team_freed += units * len(gpu_ids)
             if team_freed < quota_room_needed or scratch.count(job.gpu_type) < job.gpus:
                 continue
-            chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
+            chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate, scratch.hosts_for(job))
             if chosen is not None:
                 reserved = frozenset(chosen)
                 held = {g for g in chosen if self.free.is_free(g)}
@@ -351,9 +356,10 @@ class ConsolePass:
                 self.team_held[job.team] + FULL * job.gpus > FULL * quota.max_gpus and not quota.may_borrow
             ):
                 continue
-            chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate)
+            hosts = self.free.hosts_for(job)
+            chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate, hosts)
             if chosen is None and scratch is not self.free:
-                chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate)
+                chosen = choose_gpus(scratch, job.gpus, job.gpu_type, self.config.consolidate, hosts)
             if chosen is not None:
                 return Fence(job.job_id, int(job.priority), frozenset(chosen))
         return None
@@ -366,9 +372,16 @@ class ConsolePass:
                 return "no_gpu_type", f"no schedulable GPU of type {job.gpu_type} in the cluster"
         else:
             total = max(self.schedulable_total.values(), default=0)
+        where = "the cluster has"
+        if job.needs_containers:
+            if not self.free.container_hosts:
+                return "no_runtime", NO_CONTAINER_HOST
+            totals = self.container_total
+            total = totals.get(job.gpu_type, 0) if job.gpu_type else max(totals.values(), default=0)
+            where = "the hosts that run containers have"
         if job.gpus > total:
             kind = _type_label(job.gpu_type)
-            return "too_large", f"asks for {job.gpus} GPUs{kind}; the cluster has {total} schedulable"
+            return "too_large", f"asks for {job.gpus} GPUs{kind}; {where} {total} schedulable"
         if is_fractional(job) and job.gpu_memory_mb is not None:
             types = {job.gpu_type} if job.gpu_type else set(self.schedulable_total)
             memories = [m for g, m in self.free.memory.items() if self.free.location[g][1] in types]
@@ -420,7 +433,7 @@ class ConsolePass:
         quota = self.snapshot.quotas.get(job.team)
         if quota is None:
             return "quota", f"team {job.team} has no GPU quota"
-        capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb)
+        capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb, job.needs_containers)
         if capacity_key not in self.capacity_reasons:
             self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         capacity = self.capacity_reasons[capacity_key]
@@ -503,7 +516,8 @@ class ConsolePass:
     def _fits_now(self, job: PendingJob) -> bool:
         if is_fractional(job):
             return self.free.choose_share(job, min_units(job)) is not None
-        return choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None
+        return choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate,
+                           self.free.hosts_for(job)) is not None
 
     def _explain_fraction(self, job: PendingJob) -> tuple[str, str]:
         keeper = self.fence or self.reservation
@@ -520,7 +534,8 @@ class ConsolePass:
     def _fits_with(self, extra: set[int], job: PendingJob) -> bool:
         # (whole-GPU jobs only)
         self.free.give(extra)
-        fits = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate) is not None
+        fits = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate,
+                           self.free.hosts_for(job)) is not None
         self.free.take(extra)
         return fits
 

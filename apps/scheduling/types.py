@@ -43,6 +43,8 @@ class HostView:
     gpus: tuple[GpuView, ...]
     # False for hosts that are down or draining.
     schedulable: bool = True
+    # True when its agent runs jobs in OCI containers (podman or docker): only such hosts take jobs with an image.
+    runs_containers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,8 @@ class PendingJob:
     gpu_share: float = 1.0
     # Memory wanted on one GPU (only with gpus == 1): the job's share is then at least memory / GPU memory.
     gpu_memory_mb: int | None = None
+    # The job runs in an OCI image: only hosts that run containers may take it (HostView.runs_containers).
+    needs_containers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,7 @@ class RunningJob:
     # The share it was placed with (Placement.gpu_share) and the memory it asked for.
     gpu_share: float = 1.0
     gpu_memory_mb: int | None = None
+    needs_containers: bool = False  # (see PendingJob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +153,8 @@ class PendingInfo:
     reason: str
     position: int
     estimated_start: float | None = None
-    # Machine-readable reason: quota, user_cap, borrow, no_gpu_type, too_large, priority, gang, backfill,
+    # Machine-readable reason: quota, user_cap, borrow, no_gpu_type, no_runtime (no host runs containers, for a
+    # job with an image), too_large, priority, gang, backfill,
     # waiting (for GPUs behind jobs ahead), reserved (head of the queue, GPUs reserved for it).
     code: str = ""
     predicted_runtime_s: float | None = None

@@ -10,9 +10,9 @@ from django.contrib.auth import get_user_model
 
 from apps.accounts import access
 from apps.accounts.access import Action, Viewer
-from apps.accounts.models import ApiToken, Membership
+from apps.accounts.models import ApiToken, Membership, TeamSecret
 from apps.accounts.services import token_create
-from apps.cluster.models import Host
+from apps.cluster.models import Host, Volume
 from apps.core.models import AuditEvent
 from apps.jobs.models import Job, JobEvent
 from apps.quotas.models import QuotaRequest, TeamQuota
@@ -38,6 +38,8 @@ def objects(world):
                                     workload={"builtin": "mlp-digits"}, time_limit_minutes=60)
     rule = AlertRule.objects.create(name="r", kind=AlertRule.Kind.GPU_XID)
     token, _ = token_create(user=world.member, name="t")
+    vision_volume = Volume.objects.create(name="imagenet", host_path="/data/imagenet", target="/mnt/imagenet")
+    vision_volume.teams.set([world.vision])
     return {
         "team": world.vision,
         "membership": Membership.objects.get(team=world.vision, user=world.member),
@@ -56,6 +58,11 @@ def objects(world):
         "token": token,
         "rule": rule,
         "audit": AuditEvent.objects.first() or AuditEvent.objects.create(action="token_created", target="t"),
+        "secret": TeamSecret.objects.create(team=world.vision, name="WANDB_API_KEY", ciphertext="x"),
+        "vision_volume": vision_volume,
+        "shared_volume": Volume.objects.create(name="scratch", host_path="/scratch", target="/scratch",
+                                               all_teams=True),
+        "unused_volume": Volume.objects.create(name="unused", host_path="/unused", target="/mnt/unused"),
     }
 
 
@@ -87,13 +94,17 @@ EXPECTED: dict[tuple[str, Action], set[str]] = {
     ("cluster_alert", Action.VIEW): ANY_TEAM,
     ("host", Action.VIEW): ANY_TEAM,
     ("user", Action.VIEW): {"admin", "member"},
+    ("vision_volume", Action.VIEW): VISION,
+    ("shared_volume", Action.VIEW): ANY_TEAM,
 }
 # Team-scoped (object, action) pairs not in EXPECTED fall back to the action's role in the object's team.
 TEAM_ROLE = {Action.VIEW: VISION, Action.SUBMIT: VISION - {"viewer"}, Action.MANAGE_SERVICE: VISION - {"viewer"},
              Action.SUBMIT_HIGH: {"admin", "manager"}, Action.CANCEL: {"admin", "manager"},
              Action.MANAGE_MEMBERS: {"admin", "manager"}, Action.REQUEST_QUOTA: {"admin", "manager"},
-             Action.VIEW_REPORT: {"admin", "manager"}, Action.ACK_ALERT: {"admin", "manager"}}
-TEAM_SCOPED = {"team", "membership", "quota", "quota_request", "job", "viewer_job", "job_event", "service", "alert"}
+             Action.VIEW_REPORT: {"admin", "manager"}, Action.ACK_ALERT: {"admin", "manager"},
+             Action.MANAGE_SECRETS: {"admin", "manager"}}
+TEAM_SCOPED = {"team", "membership", "quota", "quota_request", "job", "viewer_job", "job_event", "service", "alert",
+               "secret"}
 
 
 def expected(kind: str, action: Action) -> set[str]:

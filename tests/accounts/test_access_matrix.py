@@ -19,14 +19,17 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import transaction
 from django.test import Client
 from django.urls import URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from apps.accounts import access
+from apps.accounts.secrets import secret_create
 from apps.accounts.services import token_create
 from apps.cluster.services import host_token_issue
+from apps.cluster.volumes import volume_create
 from apps.jobs.models import Job
 from apps.quotas.models import QuotaRequest
 from apps.serving.models import InferenceService
@@ -49,6 +52,7 @@ class Fixture:
     token_id: int  # member's API token
     host_secret: str
     audit_id: int
+    snapshot_id: str  # a code snapshot of team vision, uploaded by member
 
 
 def _job(team, user, name: str) -> Job:
@@ -56,15 +60,27 @@ def _job(team, user, name: str) -> Job:
                               workload={"builtin": "mlp-digits"}, time_limit_minutes=60)
 
 
+def _archive() -> SimpleUploadedFile:
+    from tests.jobs.conftest import tar_gz
+
+    return SimpleUploadedFile("code.tar.gz", tar_gz({"main.py": b"print(1)\n"}))
+
+
 @pytest.fixture
-def fx(world) -> Fixture:
+def fx(world, settings, tmp_path) -> Fixture:
     from apps.core.models import AuditEvent
+    from apps.jobs.code_snapshots import code_snapshot_create
+
+    settings.ARTIFACT_STORE_URL = (tmp_path / "artifacts").as_uri()
+    snapshot = code_snapshot_create(user=world.member, team_slug="vision", chunks=_archive().chunks())
 
     rule = AlertRule.objects.create(name="xid (matrix)", kind=AlertRule.Kind.GPU_XID)
     vjob, mine, njob = _job(world.vision, world.member2, "v"), _job(world.vision, world.member, "m"), _job(
         world.nlp, world.other, "n")
     token, _ = token_create(user=world.member, name="matrix")
     _, secret = host_token_issue(name="node-a")
+    secret_create(team=world.vision, name="WANDB_API_KEY", value="v1", actor=world.manager)
+    volume_create(actor=world.admin, name="imagenet", host_path="/data/imagenet", teams=[world.vision])
     return Fixture(
         world=world, vjob=vjob, mine=mine, njob=njob,
         service=InferenceService.objects.create(team=world.vision, name="digits", owner=world.member,
@@ -75,6 +91,7 @@ def fx(world) -> Fixture:
         quota_request=QuotaRequest.objects.create(team=world.vision, requested_by=world.manager, max_gpus=9,
                                                   reason="more"),
         token_id=token.pk, host_secret=secret, audit_id=AuditEvent.objects.order_by("pk").first().pk,
+        snapshot_id=str(snapshot.pk),
     )
 
 
@@ -113,7 +130,7 @@ class Row:
     path: Callable[[Fixture], str]
     expected: dict[str, int]
     data: Callable[[Fixture], dict] | dict | None = None
-    kind: str = "api"  # "api": DRF client with JSON; "page": a browser's client, form-encoded
+    kind: str = "api"  # "api": DRF client with JSON; "page": a browser's client, form-encoded; "upload": multipart
     note: str = ""
 
 
@@ -157,6 +174,15 @@ MATRIX: dict[str, list[Row]] = {
     "api/v1/job/artifacts/": [Row("GET", lambda f: "/api/v1/job/artifacts/", same(403, host=401))],
     "api/v1/job/artifacts/<path:path>": [Row("GET", lambda f: "/api/v1/job/artifacts/a.txt",
                                              same(403, host=401))],
+    "api/v1/job/code/": [Row("GET", lambda f: "/api/v1/job/code/", same(403, host=401))],
+    # --- code snapshots: the team's members (those who submit upload; another team's: 404, or 400 on team)
+    "api/v1/code-snapshots/": [
+        Row("POST", lambda f: "/api/v1/code-snapshots/", statuses(201, 201, 201, 400, 400, 401, 401),
+            data=lambda f: {"team": "vision", "archive": _archive()}, kind="upload")],
+    "api/v1/code-snapshots/<uuid:snapshot_id>/": [
+        Row("GET", lambda f: f"/api/v1/code-snapshots/{f.snapshot_id}/", VISION)],
+    "api/v1/code-snapshots/<uuid:snapshot_id>/download/": [
+        Row("GET", lambda f: f"/api/v1/code-snapshots/{f.snapshot_id}/download/", VISION)],
     "api/v1/ws-ticket/": [Row("POST", lambda f: "/api/v1/ws-ticket/", same(201))],
     # --- teams, members, quotas
     "api/v1/^teams/$": [
@@ -189,6 +215,19 @@ MATRIX: dict[str, list[Row]] = {
             data={"max_gpus": 12}),
     ],
     "api/v1/teams/<slug:slug>/usage/": [Row("GET", lambda f: "/api/v1/teams/vision/usage/", VISION)],
+    # --- team secrets: names for the team, changes for its managers; others do not learn the team has any
+    "api/v1/teams/<slug:slug>/secrets/": [
+        Row("GET", lambda f: "/api/v1/teams/vision/secrets/", VISION),
+        Row("POST", lambda f: "/api/v1/teams/vision/secrets/", statuses(201, 201, 403, 404, 404, 401, 401),
+            data={"name": "HF_TOKEN", "value": "hf-1"}),
+    ],
+    "api/v1/teams/<slug:slug>/secrets/<str:name>/": [
+        Row("GET", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/", VISION),
+        Row("PUT", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/",
+            statuses(200, 200, 403, 404, 404, 401, 401), data={"value": "v2"}),
+        Row("DELETE", lambda f: "/api/v1/teams/vision/secrets/WANDB_API_KEY/",
+            statuses(204, 204, 403, 404, 404, 401, 401)),
+    ],
     # --- users and tokens
     "api/v1/^users/$": [
         Row("GET", lambda f: "/api/v1/users/", same(200)),
@@ -219,6 +258,18 @@ MATRIX: dict[str, list[Row]] = {
     "api/v1/^hosts/(?P<name>[\\w.-]+)/$": [
         Row("GET", lambda f: "/api/v1/hosts/node-a/", statuses(200, 200, 200, 200, 404, 401, 401)),
     ],
+    # --- volumes: admins define them; others list those their teams may use
+    "api/v1/^volumes/$": [
+        Row("GET", lambda f: "/api/v1/volumes/", same(200)),
+        Row("POST", lambda f: "/api/v1/volumes/", statuses(201, 403, 403, 403, 403, 401, 401),
+            data={"name": "corpus", "host_path": "/data/corpus"}),
+    ],
+    "api/v1/^volumes/(?P<name>[^/.]+)/$": [
+        Row("GET", lambda f: "/api/v1/volumes/imagenet/", VISION),
+        Row("PATCH", lambda f: "/api/v1/volumes/imagenet/", statuses(200, 403, 403, 403, 403, 401, 401),
+            data={"read_only": False}),
+        Row("DELETE", lambda f: "/api/v1/volumes/imagenet/", statuses(204, 403, 403, 403, 403, 401, 401)),
+    ],
     # --- jobs
     "api/v1/^jobs/$": [
         Row("GET", lambda f: "/api/v1/jobs/", same(200)),
@@ -244,6 +295,11 @@ MATRIX: dict[str, list[Row]] = {
         Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/artifacts/a.txt",
             statuses(404, 404, 404, 404, 404, 401, 401))],
     "api/v1/presets/": [Row("GET", lambda f: "/api/v1/presets/", same(200))],
+    # The job runtime's wheel, for users' images: public (no secret in it).
+    "api/v1/runtime/wheel/": [Row("GET", lambda f: "/api/v1/runtime/wheel/", same(302, anonymous=302, host=302))],
+    "api/v1/^runtime/(?P<filename>[A-Za-z0-9_.+-]+\\.whl)$": [
+        Row("GET", lambda f: "/api/v1/runtime/gpu_console_runtime-0.0.0-py3-none-any.whl",
+            same(404, anonymous=404, host=404), note="only the current version's file is served")],
     "api/v1/workloads/": [Row("GET", lambda f: "/api/v1/workloads/", same(200))],
     # --- alerts, audit
     "api/v1/^alerts/$": [Row("GET", lambda f: "/api/v1/alerts/", same(200))],
@@ -326,6 +382,23 @@ MATRIX: dict[str, list[Row]] = {
         Row("POST", lambda f: f"/teams/vision/quota-requests/{f.quota_request.pk}/decision/", ADMIN_PAGE_403,
             kind="page", data={"decision": "approve"}),
     ],
+    "teams/<slug:slug>/secrets/": [
+        Row("GET", lambda f: "/teams/vision/secrets/", VISION_PAGE, kind="page"),
+        Row("POST", lambda f: "/teams/vision/secrets/", statuses(200, 200, 403, 404, 404, LOGIN, LOGIN),
+            kind="page", data={"name": "HF_TOKEN", "value": "hf-1"}, note="the answer shows the value once"),
+    ],
+    "teams/<slug:slug>/secrets/<str:name>/rotate/": [
+        Row("POST", lambda f: "/teams/vision/secrets/WANDB_API_KEY/rotate/",
+            statuses(200, 200, 403, 404, 404, LOGIN, LOGIN), kind="page", data={"value": "v2"}),
+    ],
+    "teams/<slug:slug>/secrets/<str:name>/delete/": [
+        Row("GET", lambda f: "/teams/vision/secrets/WANDB_API_KEY/delete/",
+            statuses(200, 200, 403, 404, 404, LOGIN, LOGIN), kind="page", note="the confirmation"),
+        Row("POST", lambda f: "/teams/vision/secrets/WANDB_API_KEY/delete/",
+            statuses(302, 302, 403, 404, 404, LOGIN, LOGIN), kind="page", data={}),
+    ],
+    "hosts/<str:name>/": [Row("GET", lambda f: "/hosts/node-a/", statuses(200, 200, 200, 200, 404, LOGIN, LOGIN),
+                              kind="page", note="hosts are cluster-wide: whoever holds a role somewhere")],
     "reports/usage/": [Row("GET", lambda f: "/reports/usage/", statuses(200, 200, 404, 404, 404, LOGIN, LOGIN),
                            kind="page")],
     "alerts/": [Row("GET", lambda f: "/alerts/", same(200, anonymous=LOGIN), kind="page")],
@@ -407,6 +480,8 @@ def request(fx: Fixture, persona: str, row: Row) -> int:
             return client.post(path, json.dumps(data), content_type="application/json").status_code
         return client.post(path, data or {}).status_code
     client = api_client(fx, persona)
+    if row.kind == "upload":
+        return client.post(path, data, format="multipart").status_code
     call = getattr(client, row.method.lower())
     return (call(path) if data is None else call(path, data, format="json")).status_code
 

@@ -131,3 +131,70 @@ def test_a_job_inherits_only_the_allow_listed_environment(tmp_path, monkeypatch)
     assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["LANG"] == "C.UTF-8" and env["EXTRA_FOR_JOBS"] == "yes"
     assert env["CONSOLE_JOB_TOKEN"] == "the-attempts-token"
     assert env["CONSOLE_API_URL"] == "http://console:8000/api/v1/job/"
+
+
+# The agent's view of a job (JobRunner.view) on a host laid out so that Unix modes alone would let the job in: a
+# /dev with four GPUs' nodes, and under a world-readable /srv the agent's work root, the artifact store, a
+# `--private` folder and a token file, all readable by anyone. Built in a mount namespace of its own (this machine
+# has no GPU; the host's /dev and /srv are untouched), and the job, given GPU 1, run in it by the shim.
+EXPOSED_HOST = textwrap.dedent("""
+    import ctypes, json, os, stat, subprocess, sys
+    from pathlib import Path
+    from workers.agent.runner import JobProcess, JobRunner, RunAs
+    from workers.protocol import Dispatch
+    libc = ctypes.CDLL(None, use_errno=True)
+    for rc in (libc.unshare(0x00020000),  # CLONE_NEWNS; MS_REC | MS_PRIVATE on /; then a /dev and /srv of our own
+               libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None),
+               libc.mount(b"tmpfs", b"/dev", b"tmpfs", 0, b"mode=0755"),
+               libc.mount(b"tmpfs", b"/srv", b"tmpfs", 0, b"mode=0755")):
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    for name, major, minor in [("null", 1, 3), ("zero", 1, 5), ("urandom", 1, 9),
+                               *((f"nvidia{n}", 195, n) for n in range(4))]:
+        os.mknod(f"/dev/{name}", stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    uid, probe, srv = int(sys.argv[1]), sys.argv[2], Path("/srv")
+    for name, text in {"private/broker.txt": "the broker's password", "artifacts/2/outputs/secret.txt": "team blue's",
+                       "agent-token": "the host token"}.items():
+        (srv / name).parent.mkdir(parents=True, exist_ok=True)
+        (srv / name).write_text(text)
+    runner = JobRunner(None, work_root=srv / "work", artifacts_root=srv / "artifacts",  # type: ignore[arg-type]
+                       private_paths=(srv / "private",), mask_paths=(srv / "agent-token",))
+    (srv / "work").chmod(0o755)  # as if the agent's own 0700 were lost: the view alone keeps the job out
+    (srv / "work" / "other-job.log").write_text("another job's log")
+    home = srv / "work" / "job-1" / "attempt-1" / "work-x"
+    for folder in (home, srv / "artifacts" / "1" / "checkpoints", srv / "artifacts" / "1" / "outputs"):
+        folder.mkdir(parents=True)
+        os.chown(folder, uid, uid)
+    user = RunAs.job_user(uid, None)
+    dispatch = Dispatch(job_id=1, attempt=1, host="h", gpu_indices=(1,), kind="train", preset="baseline-fp32",
+                        workload={"command": ["true"]}, time_limit_s=60)
+    (srv / "view.json").write_text(runner.view(JobProcess(dispatch, home.parent, home=home, user=user)).to_json())
+    paths = ["/srv/private/broker.txt", "/srv/artifacts/2/outputs/secret.txt", "/srv/agent-token",
+             "/srv/work/other-job.log"]
+    done = subprocess.run([sys.executable, "-m", "workers.agent.shim", *user.shim_options(), "--view",
+                           str(srv / "view.json"), "--", sys.executable, "-c", probe, *paths],
+                          cwd=home, capture_output=True, text=True, timeout=60)
+    sys.stderr.write(done.stderr)
+    print(done.stdout, end="")
+""")
+DEVICES_PROBE = PROBE + textwrap.dedent("""
+    print(json.dumps({n: [os.major(s.st_rdev), os.minor(s.st_rdev)] for n in range(4)
+                      for s in [os.stat(f"/dev/nvidia{n}")]}))
+""")
+
+
+def test_the_agents_view_hides_its_folders_private_paths_token_and_other_gpus_even_from_a_readable_host():
+    result = subprocess.run([sys.executable, "-c", EXPOSED_HOST, str(JOB_UID), DEVICES_PROBE],
+                            cwd=CODE_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    found_line, devices_line = result.stdout.splitlines()
+    found = json.loads(found_line)
+    assert found["uid"] == JOB_UID, found
+    paths = found["paths"]
+    # The --private folder, the artifact store's other jobs and the agent's work root: covered, not there.
+    for path in ("/srv/private/broker.txt", "/srv/artifacts/2/outputs/secret.txt", "/srv/work/other-job.log"):
+        assert paths[path] == "FileNotFoundError", (path, paths[path])
+    assert paths["/srv/agent-token"] == "read "  # the token file: /dev/null in its place
+    # (major, minor) of /dev/nvidiaN as the job sees it: its own GPU's node; /dev/null's (1, 3) for the others'.
+    devices = {int(n): tuple(numbers) for n, numbers in json.loads(devices_line).items()}
+    assert devices == {0: (1, 3), 1: (195, 1), 2: (1, 3), 3: (1, 3)}, devices

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import collections
+import email.policy
 import io
+import json
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.parser import BytesParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -178,3 +182,83 @@ def console(live_server, world, gpuctl) -> str:
     result = gpuctl("login", "--url", live_server.url, "--username", "mia", "--password-stdin", stdin=PASSWORD + "\n")
     assert result.code == 0, result.err
     return live_server.url
+
+
+# --- a recording console: for endpoints the console on this branch does not have yet
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> object:
+        return json.loads(self.body)
+
+    def form(self) -> dict[str, tuple[str | None, bytes]]:
+        """A multipart/form-data body as {field: (file name or None, bytes)}."""
+        message = BytesParser(policy=email.policy.HTTP).parsebytes(
+            f"Content-Type: {self.headers['content-type']}\r\n\r\n".encode() + self.body)
+        assert message.is_multipart(), self.headers
+        fields: dict[str, tuple[str | None, bytes]] = {}
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            fields[str(name)] = (part.get_filename(), part.get_payload(decode=True))
+        return fields
+
+
+Answer = tuple[int, object]
+
+
+class RecordingConsole:
+    """A real HTTP server on 127.0.0.1 that records every request gpuctl sends and answers from `routes`:
+    "METHOD /api/v1/path/" -> (status, JSON body) or a function of the request returning one. Unknown routes: 404."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self.routes: dict[str, Answer | Callable[[Recorded], Answer]] = {}
+        console = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                request = Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
+                                   self.rfile.read(length))
+                console.requests.append(request)
+                route = console.routes.get(f"{self.command} {self.path.split('?')[0]}")
+                status, body = (route(request) if callable(route) else route) if route else (404, {"detail": "Not found."})
+                data = b"" if body is None else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def sent(self, method: str, path: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and r.path.split("?")[0] == path]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recorder(config_file: Path, monkeypatch: pytest.MonkeyPatch):
+    """gpuctl pointed (GPUCTL_URL, GPUCTL_TOKEN) at a RecordingConsole."""
+    console = RecordingConsole()
+    monkeypatch.setenv("GPUCTL_URL", console.url)
+    monkeypatch.setenv("GPUCTL_TOKEN", "test-token")
+    yield console
+    console.close()

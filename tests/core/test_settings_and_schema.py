@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION_ENV = {
     "CONSOLE_MODE": "production",
     "DJANGO_SECRET_KEY": "k" * 20 + "-production-secret-key-for-tests-only-0123456789",
+    "CONSOLE_SECRETS_KEY": "Zm9yLXRlc3RzLW9ubHktMDEyMzQ1Njc4OWFiY2RlZmc=",
     "DJANGO_ALLOWED_HOSTS": "console.example.org",
     "DATABASE_URL": "postgres://console@127.0.0.1:5432/console",
     "REDIS_URL": "redis://127.0.0.1:6379/0",
@@ -40,6 +41,9 @@ def test_check_deploy_passes_with_production_settings():
         ("DJANGO_SECRET_KEY", "", "DJANGO_SECRET_KEY must be set"),
         ("DJANGO_SECRET_KEY", "short", "DJANGO_SECRET_KEY must be at least 50"),
         ("DJANGO_ALLOWED_HOSTS", "", "DJANGO_ALLOWED_HOSTS"),
+        ("CONSOLE_SECRETS_KEY", "", "CONSOLE_SECRETS_KEY must be set"),
+        ("CONSOLE_SECRETS_KEY", "not-a-key", "CONSOLE_SECRETS_KEY must list Fernet keys"),
+        ("CONSOLE_SECRETS_KEY", "Y2hhbmdlLW1lLWdlbmVyYXRlLWEta2V5LTAxMjM0NTY=", "CONSOLE_SECRETS_KEY holds deploy/'s"),
         ("DATABASE_URL", "", "DATABASE_URL must be set"),
         ("DATABASE_URL", "mysql://x@y/z", "DATABASE_URL='mysql://x@y/z' has an unsupported scheme"),
         ("REDIS_URL", "http://nope", "REDIS_URL"),

@@ -185,10 +185,10 @@ def test_docker_compose_config_accepts_the_files(compose, env, tmp_path):
 # --- Helm
 
 CHART_VALUES = {
-    "default": {"secrets": {"djangoSecretKey": "k" * 60, "databaseUrl": "postgres://c:p@db:5432/console",
+    "default": {"secrets": {"djangoSecretKey": "k" * 60, "secretsKey": "a" * 43 + "=", "databaseUrl": "postgres://c:p@db:5432/console",
                             "brokerUrl": "redis://r:6379/0", "redisUrl": "redis://r:6379/1"},
                 "agent": {"hostTokens": {"gpu-node-1": "t1"}}},
-    "all-on": {"secrets": {"djangoSecretKey": "k" * 60, "metricsToken": "m"},
+    "all-on": {"secrets": {"djangoSecretKey": "k" * 60, "secretsKey": "a" * 43 + "=", "metricsToken": "m"},
                "postgresql": {"enabled": True, "password": "pw"}, "redis": {"enabled": True, "password": "rpw"},
                "ingress": {"enabled": True, "tls": [{"secretName": "tls", "hosts": ["console.example.org"]}]},
                "artifacts": {"existingClaim": "artifacts"},

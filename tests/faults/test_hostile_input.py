@@ -272,11 +272,13 @@ def example_secret_keys() -> set[str]:
     return found
 
 
-def start_production(secret_key: str) -> subprocess.CompletedProcess:
+def start_production(secret_key: str, secrets_key: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CONSOLE_", "DATABASE_URL",
                                                                      "REDIS_URL", "CELERY_"))}
     env.update(CONSOLE_MODE="production", DJANGO_SECRET_KEY=secret_key, DJANGO_ALLOWED_HOSTS="console.example.org",
                DATABASE_URL="postgres://console@127.0.0.1:5432/console", DJANGO_SETTINGS_MODULE="console.settings")
+    if secrets_key is not None:
+        env["CONSOLE_SECRETS_KEY"] = secrets_key
     return subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -293,7 +295,9 @@ def test_production_refuses_every_example_secret_key():
 def test_production_starts_with_a_real_secret_key():
     import secrets
 
-    result = start_production(secrets.token_urlsafe(50))
+    from cryptography.fernet import Fernet
+
+    result = start_production(secrets.token_urlsafe(50), Fernet.generate_key().decode())
     assert result.returncode == 0, result.stderr[-2000:]
 
 

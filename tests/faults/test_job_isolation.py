@@ -212,6 +212,11 @@ def test_job_runs_under_its_own_uid_in_a_private_dir(cluster):
     # Its home is the agent's alone; its artifacts the agent's too, readable by the store's group (the console's).
     assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE(outputs.stat().st_mode) == 0o2750
     assert stat.S_IMODE((outputs / "hello.txt").stat().st_mode) == 0o640
+    # The stored log, and the folders above it: the agent's, readable by the store's group only.
+    logs = cluster.artifacts / str(job["id"]) / "logs"
+    for folder in (logs.parent, logs):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o2750, folder
+    assert stat.S_IMODE((logs / "attempt-1-node-0.log").stat().st_mode) == 0o640
 
 
 def test_job_cannot_list_read_or_signal_another_jobs_files_and_processes(cluster):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,7 +23,9 @@ import httpx
 import pytest
 from django.core.cache import cache
 from django.test import Client
+from django.utils import timezone
 
+from apps.accounts import services as account_services
 from apps.accounts import tokens
 from apps.accounts.models import ApiToken
 from apps.accounts.services import _token_cache_key
@@ -35,6 +38,7 @@ from apps.serving import services
 from apps.serving.models import InferenceService
 from apps.serving.replica_auth import replica_secret
 from tests.cluster.test_agent_api import agent, registration
+from tests.integration.live import wait_until
 from tests.serving.test_services_and_gateway import Replica, bearer, create, run_replica
 from workers.agent import main as agent_main
 from workers.agent.runner import JobProcess, JobRunner
@@ -276,7 +280,8 @@ def test_a_reported_port_that_is_not_1_to_65535_is_never_used(world, client_for,
     assert services.reconcile(InferenceService.objects.get())["ready"] == 0 and seen == []
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:1@10.9.9.9", "127.0.0.1/x?", "http://127.0.0.1"])
+# "x@127.0.0.1" would reach the stand-in if the console built its URL unchecked (a user part, then its host).
+@pytest.mark.parametrize("address", ["127.0.0.1:1@10.9.9.9", "127.0.0.1/x?", "http://127.0.0.1", "x@127.0.0.1"])
 def test_a_host_whose_stored_address_is_not_an_address_is_never_called(world, client_for, stand_in,
                                                                        address):
     create(client_for(world.member))
@@ -372,3 +377,20 @@ def test_unknown_tokens_are_not_cached(world, client_for):
             "/serve/vision/digits/predict", PREDICT, content_type="application/json")
         assert response.status_code == 401
         assert cache.get(_token_cache_key(tokens.digest(secret))) is None
+
+
+def test_a_cached_token_past_its_expiry_stops_once_the_cache_entry_lapses(world, client_for, stand_in, monkeypatch):
+    """The cache holds a token's user for TOKEN_CACHE_S only: that bounds how long a token the database no longer
+    accepts (expired here; its user deactivated is checked on each call) still opens the gateway."""
+    monkeypatch.setattr(account_services, "TOKEN_CACHE_S", 1)  # the cache's lifetime, short for the test
+    create(client_for(world.member))
+    run_replica(Job.objects.get(), stand_in())
+    services.reconcile(InferenceService.objects.get())
+    gateway = bearer(world.member)
+    path = "/serve/vision/digits/predict"
+    assert gateway.post(path, PREDICT, content_type="application/json").status_code == 200
+    token = ApiToken.objects.get(user=world.member)
+    assert cache.get(_token_cache_key(token.digest)) == world.member.pk  # the call went through the cache
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+    wait_until(lambda: gateway.post(path, PREDICT, content_type="application/json").status_code == 401,
+               timeout=60, what="the expired token's cache entry to lapse and the gateway to refuse it")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -14,6 +14,7 @@ API_PREFIX = "/api/v1/"
 USER_AGENT = "gpuctl/0.1"
 DEFAULT_TIMEOUT_S = 30.0
 MAX_PAGE_SIZE = 500
+UPLOAD_TIMEOUT_S = 600.0  # a code snapshot of up to 100 MB over a slow uplink
 
 
 def _timeout() -> float:
@@ -48,12 +49,16 @@ class Api:
     def endpoint(self, path: str) -> str:
         return self.url + API_PREFIX + path.lstrip("/")
 
-    def request(self, method: str, path: str, *, params: Any = None, json: Any = None) -> Any:
+    def request(self, method: str, path: str, *, params: Any = None, json: Any = None,
+                data: dict[str, str] | None = None, files: dict[str, Any] | None = None,
+                timeout: float | None = None) -> Any:
         where = self.endpoint(path)
+        limit = timeout or self.timeout
         try:
-            response = self._http.request(method, path.lstrip("/"), params=params, json=json)
+            response = self._http.request(method, path.lstrip("/"), params=params, json=json, data=data,
+                                          files=files, timeout=limit)
         except httpx.TimeoutException:
-            raise Unreachable(f"{method} {where} timed out after {self.timeout:g} s") from None
+            raise Unreachable(f"{method} {where} timed out after {limit:g} s") from None
         except httpx.TransportError as exc:
             raise Unreachable(f"cannot reach the console at {self.url} ({method} {where}): {exc or type(exc).__name__}") from None
         if response.is_success:
@@ -65,6 +70,16 @@ class Api:
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body if body is not None else {})
+
+    def put(self, path: str, body: Any) -> Any:
+        return self.request("PUT", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+    def upload(self, path: str, *, fields: dict[str, str], files: dict[str, tuple[str, BinaryIO, str]]) -> Any:
+        """A multipart POST (form fields and files), with a longer timeout than plain requests get."""
+        return self.request("POST", path, data=fields, files=files, timeout=max(self.timeout, UPLOAD_TIMEOUT_S))
 
     def paginate(self, path: str, *, limit: int, **params: Any) -> Iterator[dict[str, Any]]:
         """Items of a paginated list (`{count, next, results}`), at most `limit` of them."""

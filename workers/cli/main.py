@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.cli import services
+from workers.cli import code, services, team_secrets
 from workers.cli.client import Api
 from workers.cli.config import (
     DEFAULT_URL,
@@ -27,6 +27,8 @@ from workers.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ApiError, 
 from workers.cli.follow import LogStream, fetch_job, follow_log, job_exit_code, wait_for_job
 from workers.cli.output import err, job_detail, job_rows, out, print_json, shorten, state_note, table
 from workers.cli.spec import build_spec, load_spec_file
+from workers.codepack import human_size
+from workers.protocol import CODE_PATH, CODE_SNAPSHOT_MAX_BYTES
 
 JOB_STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled", "preempted")
 PRIORITIES = ("low", "normal", "high", "urgent")
@@ -145,17 +147,27 @@ def cmd_submit(args: argparse.Namespace) -> int:
         "name": args.name, "team": args.team, "kind": args.kind, "gpus": args.gpus, "gpu_type": args.gpu_type,
         "priority": args.priority, "preset": args.preset, "max_steps": args.max_steps,
         "time_limit_minutes": args.time_limit, "max_retries": args.max_retries, "cpus": args.cpus,
-        "memory_gb": args.memory_gb,
+        "memory_gb": args.memory_gb, "image": args.image, "shm_gb": args.shm_gb,
     }
     spec = build_spec(base, fields, builtin=args.builtin, params=args.param, command=args.command_line,
-                      argv=args.argv)
+                      argv=args.argv, env=args.env, secrets=args.secret, mounts=args.mount, code_dir=args.code,
+                      git=args.git, environ=os.environ)
     if "workload" not in spec:
         raise UsageError("what should the job run? Give --builtin NAME (see `gpuctl workloads`), "
                          "--command '...', -- ARGV..., or a workload in the -f file")
+    folder = spec.get("code") if isinstance(spec.get("code"), str) else None
     if args.dry_run:
+        if folder is not None:
+            with code.pack_folder(folder) as packed:
+                spec["code"] = {"snapshot": f"(not uploaded: sha256 {packed.sha256})"}
         print_json(spec)
         return EXIT_OK
     with connect() as api:
+        if folder is not None:
+            with code.pack_folder(folder, quiet=args.quiet) as packed:
+                spec["team"] = code.resolve_team(api, spec.get("team"), "which team's job is this?")
+                snapshot = code.upload(api, packed, spec["team"], quiet=args.quiet)
+            spec["code"] = {"snapshot": snapshot["id"]}
         job = api.post("jobs/", spec)
         if args.quiet:
             out(str(job["id"]))
@@ -320,6 +332,40 @@ submit --wait: the job's exit code (0 succeeded, 1 failed without a code, 130 ca
 """
 
 
+SUBMIT_EPILOG = """\
+spec file (-f job.yaml, or JSON): a mapping whose keys are the API's job fields; flags override them,
+--env adds to (and wins over) its env, --secret and --mount add to its lists, --code/--git replace its code.
+  name: train-resnet
+  team: vision
+  gpus: 2
+  gpu_type: H200                  # optional
+  kind: train                     # or inference
+  priority: normal                # low | normal | high | urgent
+  preset: ddp                     # see `gpuctl presets`
+  workload:                       # either a command ...
+    command: [python, train.py, --epochs, "3"]
+  # workload: {builtin: tiny-lm, params: {epochs: 2}}   # ... or a built-in workload
+  image: localhost/team/train:2   # an OCI image; without one the job runs on the host
+  env: {WANDB_PROJECT: resnet, EPOCHS: 3}
+  secrets: [WANDB_API_KEY]        # team secrets, by name
+  mounts: [imagenet]              # volumes the admins defined, by name
+  code: .                         # a folder to pack and upload, relative to this file;
+  # code: {git: {url: https://git.example.org/vision/resnet.git, ref: main}}
+  # code: {snapshot: SNAPSHOT_ID}  # one uploaded before
+  shm_gb: 8
+  cpus: 8
+  memory_gb: 64
+  time_limit_minutes: 240
+  max_retries: 1
+  max_steps: 10000
+
+examples:
+  gpuctl submit --image localhost/train:2 --code . --gpus 1 --env EPOCHS=3 --secret WANDB_API_KEY \\
+      -- python train.py
+  gpuctl submit -f job.yaml --gpus 4 --wait
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuctl", description="Submit and follow jobs on the GPU cluster console.",
@@ -347,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit = command(
         "submit", cmd_submit, "Submit a job from flags and/or a spec file.",
         usage="gpuctl submit [-f SPEC] [options] [--builtin NAME [--param K=V ...] | --command CMD | -- ARGV...]",
+        epilog=SUBMIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     submit.add_argument("-f", "--file", help="a YAML or JSON job spec with the API's field names ('-' = stdin); "
                                              "flags override its fields")
@@ -369,6 +416,27 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPUs the job may use, may be fractional (default: a number per GPU the admins set)")
     submit.add_argument("--memory-gb", type=_positive_float, metavar="GB",
                         help="host memory the job may use; past it the job fails as out of memory")
+    environment = submit.add_argument_group("environment (OCI image, variables, secrets, data, code)")
+    environment.add_argument("--image", metavar="REF",
+                             help="run in this OCI image, e.g. registry.example.org/team/train:2 (default: on the "
+                                  "host, with the agent's Python)")
+    environment.add_argument("--env", action="append", metavar="NAME=VALUE",
+                             help="a variable for the job, repeatable; --env NAME passes this shell's value")
+    environment.add_argument("--secret", action="append", metavar="NAME",
+                             help="a team secret the job receives, repeatable (see `gpuctl secret list`)")
+    environment.add_argument("--mount", action="append", metavar="NAME",
+                             help="a volume the admins defined, repeatable; it appears at /mnt/NAME unless they "
+                                  "chose another path")
+    environment.add_argument("--shm-gb", type=_positive_float, metavar="GB",
+                             help="size of /dev/shm in the container (PyTorch's DataLoader workers use it)")
+    source = environment.add_mutually_exclusive_group()
+    source.add_argument("--code", metavar="DIR",
+                        help=f"pack DIR (honouring .gitignore and .consoleignore; at most "
+                             f"{human_size(CODE_SNAPSHOT_MAX_BYTES)} compressed), upload it, and start the job in it "
+                             f"({CODE_PATH})")
+    source.add_argument("--git", metavar="URL[@REF]",
+                        help="start the job in a checkout of this repository at REF (a branch, tag or commit; "
+                             "default: its default branch); the commit is recorded")
     submit.add_argument("--wait", action="store_true",
                         help="stream the log and state changes until the job ends; exit with its exit code")
     submit.add_argument("--no-logs", action="store_true", help="with --wait: follow the state only")
@@ -405,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     workloads = command("workloads", cmd_workloads, "The built-in workloads and their parameters.")
     workloads.add_argument("--json", action="store_true")
     services.add_commands(commands)
+    team_secrets.add_commands(commands)
     return parser
 
 

@@ -135,6 +135,27 @@ def _list_note(job: dict[str, Any]) -> str:
     return note
 
 
+def code_text(code: Any) -> str | None:
+    """`snapshot 3f2c...` or `https://git.example.org/a/b.git @ 1a2b3c4 (main)` from a job's `code`."""
+    if not isinstance(code, dict) or not code:
+        return None
+    snapshot = code.get("snapshot")
+    if snapshot:
+        ident = snapshot.get("id") if isinstance(snapshot, dict) else snapshot
+        return f"snapshot {ident}"
+    git = code.get("git")
+    if isinstance(git, dict) and git.get("url"):
+        commit = git.get("commit")
+        ref = git.get("ref")
+        text = str(git["url"])
+        if commit:
+            text += f" @ {str(commit)[:12]}" + (f" ({ref})" if ref else "")
+        elif ref:
+            text += f" @ {ref}"
+        return text
+    return json.dumps(code, sort_keys=True)
+
+
 def job_detail(job: dict[str, Any]) -> str:
     lines = [f"Job {job.get('id')}: {job.get('name')}  (team {job.get('team')}, user {job.get('user')})"]
 
@@ -150,6 +171,13 @@ def job_detail(job: dict[str, Any]) -> str:
     add("request", f"{job.get('kind')}, {gpus_text(job)} GPU(s), priority {job.get('priority')}, "
                    f"preset {job.get('preset')}")
     add("workload", workload_text(job.get("workload")))
+    resolved = job.get("resolved_image")
+    add("image", (job.get("image") or "") + (f" (ran {resolved})" if resolved and resolved != job.get("image") else ""))
+    add("backend", job.get("backend"))
+    add("code", code_text(job.get("code")))
+    for key in ("env", "secrets", "mounts"):  # env: the names only, as for secrets
+        names = job.get(key)
+        add(key, ", ".join(sorted(str(n) for n in names)) if isinstance(names, dict | list) and names else None)
     add("gpus", allocations_text(job.get("allocations")))
     add("progress", progress_text(job))
     if job.get("exit_code") is not None or job.get("state") in ("succeeded", "failed"):

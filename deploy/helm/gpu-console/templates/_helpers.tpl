@@ -44,7 +44,7 @@ app.kubernetes.io/component: {{ .component }}
 - name: {{ $name }}
   value: {{ $value | quote }}
 {{- end }}
-{{- range $key := list "DJANGO_SECRET_KEY" "DATABASE_URL" "CELERY_BROKER_URL" "REDIS_URL" "CONSOLE_METRICS_TOKEN" }}
+{{- range $key := list "DJANGO_SECRET_KEY" "CONSOLE_SECRETS_KEY" "DATABASE_URL" "CELERY_BROKER_URL" "REDIS_URL" "CONSOLE_METRICS_TOKEN" }}
 - name: {{ $key }}
   valueFrom:
     secretKeyRef:
