@@ -7,13 +7,13 @@ CodeError with a reason fit for the job's failure report.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import subprocess
 import tarfile
 from pathlib import Path
 
 import httpx
 
+from workers import codepack
 from workers.protocol import CODE_SNAPSHOT_MAX_BYTES, CodeSnapshot
 
 FETCH_TIMEOUT_S = 300.0
@@ -61,36 +61,17 @@ def _fetch_upload(snapshot: CodeSnapshot, dest: Path, *, console_url: str, job_t
             raise CodeError(f"code snapshot is {size} bytes, the console recorded {snapshot.size}")
         if snapshot.sha256 and digest.hexdigest() != snapshot.sha256.lower():
             raise CodeError(f"code snapshot's sha256 {digest.hexdigest()} is not the recorded {snapshot.sha256}")
-        _unpack(archive, dest, max_bytes * 10)
+        _unpack(archive, dest, max_bytes)
     finally:
         archive.unlink(missing_ok=True)
     return f"code snapshot of {size} bytes (sha256 {digest.hexdigest()[:12]}) unpacked"
 
 
 def _unpack(archive: Path, dest: Path, max_bytes: int) -> None:
-    try:  # the shared packer's safe extraction (workers/codepack.py), where it is there
-        codepack = importlib.import_module("workers.codepack")
-    except ImportError:
-        codepack = None
     try:
-        if codepack is not None:
-            codepack.unpack(archive, dest, max_bytes)
-            return
-        _unpack_data(archive, dest, max_bytes)
+        codepack.unpack(archive, dest, max_bytes)  # tarfile's "data" filter, caps on size and file count
     except (tarfile.TarError, OSError, ValueError) as exc:
         raise CodeError(f"could not unpack the code snapshot: {exc}") from None
-
-
-def _unpack_data(archive: Path, dest: Path, max_bytes: int) -> None:
-    """tar.gz extraction with tarfile's "data" filter (no absolute paths, no links out, no devices, no setuid),
-    refusing archives that unpack to more than `max_bytes`."""
-    with tarfile.open(archive, "r:gz") as tar:
-        total = 0
-        for member in tar:
-            total += member.size
-            if total > max_bytes:
-                raise ValueError(f"the archive unpacks to more than {max_bytes} bytes")
-        tar.extractall(dest, filter="data")
 
 
 def _checkout(snapshot: CodeSnapshot, dest: Path) -> str:

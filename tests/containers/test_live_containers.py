@@ -1,0 +1,78 @@
+"""The acceptance path end to end: a real console, Celery worker and a podman agent; a user's own PyTorch
+script from a local directory submitted with `gpuctl submit --code . --image …` and a team secret."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.containers.conftest import oci_runtime
+from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TRAIN = """\
+import os, torch
+from workers.protocol import JobEnvironment
+from workers.runtime.reporting import Reporter
+
+env = JobEnvironment.from_env(os.environ)
+reporter = Reporter(env.progress_file)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 6):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+    reporter.progress(step=step, max_steps=5, loss=float(loss), steps_per_s=10.0, samples_per_s=80.0)
+print("key", os.environ["WANDB_API_KEY"], "in", os.getcwd(), "torch", torch.__version__, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(podman: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
+    live = LiveCluster(tmp_path_factory.mktemp("containers"), agents={"ctr-a": "2xH200"},
+                       extra_env={"GPU_AGENT_RUNTIME": "podman", "GPU_AGENT_OCI_RUNTIME": oci_runtime()})
+    try:
+        live.start()
+        create_team(live.admin(), "ctr", 4)
+        yield live
+    finally:
+        live.stop()
+
+
+def test_gpuctl_submit_code_and_image_runs_in_the_container_with_progress_and_a_masked_secret(
+        cluster: LiveCluster, torch_image: str, tmp_path: Path) -> None:
+    secret = "wandb-live-0123456789"
+    created = cluster.admin().post("/api/v1/teams/ctr/secrets/", json={"name": "WANDB_API_KEY", "value": secret})
+    assert created.status_code == 201, created.text
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN)
+    env = {**os.environ, "GPUCTL_CONFIG": str(tmp_path / "gpuctl.json")}
+    gpuctl = [sys.executable, "-m", "workers.cli"]
+    login = subprocess.run([*gpuctl, "login", "--url", cluster.url, "--username", "admin", "--password-stdin"],
+                           input=f"{ADMIN_PASSWORD}\n", env=env, capture_output=True, text=True, timeout=60)
+    assert login.returncode == 0, login.stderr
+    submit = subprocess.run([*gpuctl, "submit", "--team", "ctr", "--gpus", "1", "--gpu-type", "H200", "--image",
+                             torch_image, "--code", str(project), "--secret", "WANDB_API_KEY", "--wait", "--",
+                             "python3", "train.py"], cwd=project, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert submit.returncode == 0, submit.stderr + submit.stdout + cluster.logs_tail()
+    jobs = cluster.admin().get("/api/v1/jobs/", params={"team": "ctr"}).json()
+    job = (jobs["results"] if isinstance(jobs, dict) else jobs)[0]
+    job_id = job["id"]
+    done = cluster.job(job_id)
+    log = cluster.log(job_id)
+    assert done["state"] == "succeeded", log
+    assert done["steps_done"] == 5
+    assert "key **** in /workspace/code torch 2.13.0" in log and secret not in log and secret not in submit.stdout
+    assert done["runtime_info"]["backend"] == "podman"
+    assert done["runtime_info"]["image"].startswith("localhost/gpu-console-test-torch@sha256:")
+    leftovers = subprocess.run(["podman", "ps", "-aq", "--filter", "label=gpu-console.host=ctr-a"],
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert leftovers == []
