@@ -4,6 +4,7 @@ script from a local directory submitted with `gpuctl submit --code . --image …
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,3 +77,47 @@ def test_gpuctl_submit_code_and_image_runs_in_the_container_with_progress_and_a_
     leftovers = subprocess.run(["podman", "ps", "-aq", "--filter", "label=gpu-console.host=ctr-a"],
                                capture_output=True, text=True, check=True).stdout.split()
     assert leftovers == []
+
+
+def containers_of(host: str) -> list[str]:
+    return subprocess.run(["podman", "ps", "-aq", "--filter", f"label=gpu-console.host={host}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_an_urgent_job_preempts_a_container_job_which_resumes_from_its_checkpoint(
+        cluster: LiveCluster, torch_image: str) -> None:
+    low = cluster.submit(team="ctr", gpus=2, gpu_type="H200", priority="low", max_steps=100_000, image=torch_image,
+                         workload={"builtin": "tiny-lm", "params": {"epochs": 10_000, "batch_size": 8,
+                                                                    "d_model": 32, "layers": 1, "seq_len": 16}})
+    cluster.wait_for(lambda: cluster.job(low["id"])["steps_done"] >= 30, timeout=120, what="the low job to train")
+    urgent = cluster.submit(team="ctr", gpus=2, gpu_type="H200", priority="urgent", image=torch_image,
+                            workload={"command": ["python3", "-c", "print('urgent done')"]})
+    assert cluster.wait_state(urgent["id"], {"succeeded", "failed"}, timeout=120)["state"] == "succeeded"
+    resumed = cluster.wait_for(
+        lambda: re.search(r"resumed from \S+ \(step (\d+)", cluster.log(low["id"])), timeout=120,
+        what="the low job to resume from its checkpoint")
+    assert int(resumed.group(1)) >= 30
+    again = cluster.job(low["id"])
+    assert again["state"] == "running" and again["preemption_count"] == 1 and again["attempts"] == 2
+    assert len(containers_of("ctr-a")) == 1  # the first attempt's container is gone
+    cluster.admin().post(f"/api/v1/jobs/{low['id']}/cancel/", json={})
+    cluster.wait_state(low["id"], {"cancelled"})
+    cluster.wait_for(lambda: not containers_of("ctr-a"), timeout=60, what="the cancelled job's container to go")
+
+
+def test_kill_9_of_the_agent_leaves_no_container_and_a_restarted_agent_runs_again(
+        cluster: LiveCluster, torch_image: str) -> None:
+    job = cluster.submit(team="ctr", gpus=1, gpu_type="H200", image=torch_image,
+                         workload={"command": ["python3", "-c", "import time; print('up', flush=True); "
+                                                                "time.sleep(600)"]})
+    cluster.wait_for(lambda: "up" in cluster.log(job["id"]).splitlines(), timeout=120, what="the job to start")
+    assert containers_of("ctr-a")
+    cluster.kill("agent-ctr-a")
+    cluster.wait_for(lambda: not containers_of("ctr-a"), timeout=60, what="the container to go with the agent")
+    cluster.restart("agent-ctr-a")
+    done = cluster.wait_state(job["id"], {"failed", "queued", "running", "succeeded"}, timeout=120)
+    assert done["state"] != "succeeded"
+    cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/", json={})
+    cluster.wait_for(lambda: cluster.job(job["id"])["state"] in {"cancelled", "failed"}, timeout=120,
+                     what="the job to end")
+    cluster.wait_for(lambda: not containers_of("ctr-a"), timeout=60, what="no container left")
