@@ -30,3 +30,17 @@ def test_the_default_runtime_is_process_with_no_images(monkeypatch) -> None:
 def test_an_unknown_runtime_is_refused() -> None:
     with pytest.raises(SystemExit):
         main.parse_args(["--runtime", "lxc"])
+
+
+def test_the_agent_registers_again_when_its_images_change(base_image: str, console) -> None:
+    from workers.agent.client import ConsoleClient
+
+    args = main.parse_args(["--name", "reg-host", "--simulate", "1xH200", "--runtime", "podman"])
+    backend = main.open_gpu_backend(args)
+    containers = main.open_container_runtime(args, backend)
+    assert containers is not None
+    stale = main.registration(args, backend)  # as if registered before any image was there
+    client = ConsoleClient(console.url, "host-token")
+    fresh = main.refresh_images(client, containers, stale)
+    assert fresh is not stale and base_image in {image.name for image in fresh.images}
+    assert main.refresh_images(client, containers, fresh) is fresh  # unchanged: not sent again

@@ -47,6 +47,7 @@ from workers.protocol import (
 AGENT_VERSION = "0.1.0"
 # Job uids of a root agent by default: far above the ranges distributions give accounts and subordinate ids.
 DEFAULT_JOB_UIDS = "1610000000-1610009999"
+IMAGES_EVERY_BEATS = 12  # a container host's image list is checked about once a minute
 logger = logging.getLogger("workers.agent")
 
 
@@ -243,9 +244,26 @@ def register_until_accepted(client: ConsoleClient, message: Registration, stop: 
     raise SystemExit(0)
 
 
+def refresh_images(client: ConsoleClient, containers: ContainerRuntime, message: Registration) -> Registration:
+    """Register again when the host's images changed (a pull, an admin's prune): the host page lists them."""
+    images = containers.images()
+    if images == message.images:
+        return message
+    try:
+        client.register(replace(message, images=images))
+    except Exception as exc:  # noqa: BLE001 - the next round tries again
+        logger.warning("could not send the host's images: %s", exc)
+        return message
+    return replace(message, images=images)
+
+
 def heartbeat_loop(client: ConsoleClient, runner: JobRunner, message: Registration, stop: threading.Event) -> None:
     containers = runner.containers
+    beats = 0
     while not stop.wait(HEARTBEAT_INTERVAL_S):
+        beats += 1
+        if containers is not None and beats % IMAGES_EVERY_BEATS == 0:
+            message = refresh_images(client, containers, message)
         try:
             reply = client.heartbeat(runner.running())
         except AgentConfigError as exc:
