@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -365,3 +366,39 @@ def test_a_job_stopped_while_its_image_is_pulled_ends_stopped(agent: Agent, cons
         final = console.wait_final(dispatch.job_id, timeout=120)
     assert (final["state"], final["reason"]) == ("stopped", "cancelled by a user")
     assert agent.containers() == []
+
+
+HOSTILE = """\
+import os, socket, sys
+def attempt(what, action):
+    try:
+        action()
+        print('ALLOWED', what, flush=True)
+    except Exception as exc:
+        print('refused', what, type(exc).__name__, flush=True)
+attempt('host files', lambda: open(sys.argv[1]).read())
+attempt('console network', lambda: socket.create_connection(('127.0.0.1', int(sys.argv[2])), timeout=3))
+attempt('runtime write', lambda: open('/opt/gpu-console-runtime/workers/protocol.py', 'a').write('x'))
+attempt('root', lambda: os.setuid(0))
+attempt('chown', lambda: os.chown('/workspace/home', 0, 0))
+attempt('mknod', lambda: os.mknod('/workspace/home/dev', 0o600 | 0o20000, os.makedev(1, 3)))
+attempt('mount', lambda: __import__('ctypes').CDLL(None, use_errno=True).mount(b'none', b'/mnt', b'tmpfs', 0, None)
+        == 0 or (_ for _ in ()).throw(OSError('mount failed')))
+print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), flush=True)
+"""
+
+
+def test_a_hostile_job_in_its_container_reaches_nothing_of_the_host(agent: Agent, console: Console,
+                                                                   base_image: str) -> None:
+    token = agent.runner.work_root.parent / "host-token"
+    token.write_text("agent-secret-token")
+    port = int(console.url.rsplit(":", 1)[1])
+    dispatch = agent.dispatch(base_image, ["python3", "-c", HOSTILE, str(token), str(port)])
+    agent.runner.start(dispatch)
+    assert console.wait_final(dispatch.job_id)["state"] == "succeeded", console.log(dispatch.job_id)
+    log = console.log(dispatch.job_id)
+    assert not [line for line in log.splitlines() if line.startswith("ALLOWED")], log
+    for what in ("host files", "console network", "runtime write", "root", "chown", "mknod", "mount"):
+        assert f"refused {what} " in log, log
+    pids = eval(re.search(r"^pids (\[.*\])$", log, re.M).group(1))  # noqa: S307 - a list of ints it printed
+    assert pids[0] == 1 and len(pids) <= 3  # its own PID namespace: catatonit, the job (and its listing)
