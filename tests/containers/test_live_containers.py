@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from tests.containers.conftest import oci_runtime
 from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# A host name of this module's own: containers are labelled with it, and an agent removes every container of
+# its name at start (two clusters on this machine, under xdist, must not share one).
+HOST = f"ctr-{uuid.uuid4().hex[:8]}"
 
 TRAIN = """\
 import os, torch
@@ -36,7 +40,7 @@ print("key", os.environ["WANDB_API_KEY"], "in", os.getcwd(), "torch", torch.__ve
 
 @pytest.fixture(scope="module")
 def cluster(podman: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
-    live = LiveCluster(tmp_path_factory.mktemp("containers"), agents={"ctr-a": "2xH200"},
+    live = LiveCluster(tmp_path_factory.mktemp("containers"), agents={HOST: "2xH200"},
                        extra_env={"GPU_AGENT_RUNTIME": "podman", "GPU_AGENT_OCI_RUNTIME": oci_runtime()})
     try:
         live.start()
@@ -74,7 +78,7 @@ def test_gpuctl_submit_code_and_image_runs_in_the_container_with_progress_and_a_
     assert "key **** in /workspace/code torch 2.13.0" in log and secret not in log and secret not in submit.stdout
     assert done["runtime_info"]["backend"] == "podman"
     assert done["runtime_info"]["image"].startswith("localhost/gpu-console-test-torch@sha256:")
-    leftovers = subprocess.run(["podman", "ps", "-aq", "--filter", "label=gpu-console.host=ctr-a"],
+    leftovers = subprocess.run(["podman", "ps", "-aq", "--filter", f"label=gpu-console.host={HOST}"],
                                capture_output=True, text=True, check=True).stdout.split()
     assert leftovers == []
 
@@ -99,10 +103,10 @@ def test_an_urgent_job_preempts_a_container_job_which_resumes_from_its_checkpoin
     assert int(resumed.group(1)) >= 30
     again = cluster.job(low["id"])
     assert again["state"] == "running" and again["preemption_count"] == 1 and again["attempts"] == 2
-    assert len(containers_of("ctr-a")) == 1  # the first attempt's container is gone
+    assert len(containers_of(HOST)) == 1  # the first attempt's container is gone
     cluster.admin().post(f"/api/v1/jobs/{low['id']}/cancel/", json={})
     cluster.wait_state(low["id"], {"cancelled"})
-    cluster.wait_for(lambda: not containers_of("ctr-a"), timeout=60, what="the cancelled job's container to go")
+    cluster.wait_for(lambda: not containers_of(HOST), timeout=60, what="the cancelled job's container to go")
 
 
 def test_kill_9_of_the_agent_leaves_no_container_and_a_restarted_agent_runs_again(
@@ -111,13 +115,13 @@ def test_kill_9_of_the_agent_leaves_no_container_and_a_restarted_agent_runs_agai
                          workload={"command": ["python3", "-c", "import time; print('up', flush=True); "
                                                                 "time.sleep(600)"]})
     cluster.wait_for(lambda: "up" in cluster.log(job["id"]).splitlines(), timeout=120, what="the job to start")
-    assert containers_of("ctr-a")
-    cluster.kill("agent-ctr-a")
-    cluster.wait_for(lambda: not containers_of("ctr-a"), timeout=60, what="the container to go with the agent")
-    cluster.restart("agent-ctr-a")
+    assert containers_of(HOST)
+    cluster.kill(f"agent-{HOST}")
+    cluster.wait_for(lambda: not containers_of(HOST), timeout=60, what="the container to go with the agent")
+    cluster.restart(f"agent-{HOST}")
     done = cluster.wait_state(job["id"], {"failed", "queued", "running", "succeeded"}, timeout=120)
     assert done["state"] != "succeeded"
     cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/", json={})
     cluster.wait_for(lambda: cluster.job(job["id"])["state"] in {"cancelled", "failed"}, timeout=120,
                      what="the job to end")
-    cluster.wait_for(lambda: not containers_of("ctr-a"), timeout=60, what="no container left")
+    cluster.wait_for(lambda: not containers_of(HOST), timeout=60, what="no container left")

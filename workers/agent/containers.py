@@ -59,6 +59,7 @@ logger = logging.getLogger("workers.agent")
 
 CONTAINER_PYTHON = "python3"  # the image's interpreter, for builtins and torchrun
 CLI_TIMEOUT_S = 60.0
+REMOVE_ATTEMPTS = 10
 PULL_TIMEOUT_S = float(os.environ.get("GPU_AGENT_PULL_TIMEOUT_S") or 1800)
 # The code of the job runtime (workers.runtime and workers/protocol.py, Django-free), bound read-only.
 WORKERS_ROOT = Path(__file__).resolve().parents[1]
@@ -159,10 +160,24 @@ class ContainerRuntime:
         return names
 
     def remove(self, name: str) -> None:
+        """Remove the container, retrying while the runtime's own cleanup of it (conmon's exit command) holds it."""
+        problem = ""
+        for attempt in range(REMOVE_ATTEMPTS):
+            try:
+                result = self._cli(*self.cleanup_argv(name)[1:])
+                if result.returncode == 0 or not self.exists(name):
+                    return
+                problem = result.stderr.strip()[-300:]
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                problem = str(exc)
+            time.sleep(0.2 * (attempt + 1))
+        logger.warning("could not remove container %s: %s", name, problem)
+
+    def exists(self, name: str) -> bool:
         try:
-            self._cli("rm", "-f", "-t", "0", name) if self.kind == "podman" else self._cli("rm", "-f", name)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            logger.warning("could not remove container %s: %s", name, exc)
+            return self._cli("container", "inspect", "--format", "{{.Id}}", name).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return True
 
     def resolve(self, image: str) -> str:
         """`image` as stored locally (name@digest, or its id); "" when it is not here."""
