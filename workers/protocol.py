@@ -281,8 +281,8 @@ class JobIsolation:
             return (f"runs as the agent's --run-as user (uid {self.uid}), shared by every job on the host, {view}; "
                     "jobs on this host can reach each other's processes")
         if self.uid == 0:
-            return ("runs as root, like the agent (--job-uids off): it can read and change everything on its host, "
-                    "the agent's token and other jobs included")
+            return ("runs as root, like the agent (--job-uids off, or an agent that cannot build a job's filesystem "
+                    "view): it can read and change everything on its host, the agent's token and other jobs included")
         return (f"shares the agent's user (uid {self.uid}): the agent cannot switch users (it does not run as "
                 "root, or cannot build a job's filesystem view), so the job can read whatever the agent can, its "
                 "host token included")

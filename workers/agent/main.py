@@ -171,6 +171,9 @@ def describe_isolation(run_as: RunAs | None, job_uids: JobUids | None) -> str:
     if run_as is not None:
         return (f"jobs run as {run_as.name} (uid {run_as.uid}), all of them under that one uid, in private "
                 "filesystem views: they cannot read the agent's state, but can reach each other's processes")
+    if os.geteuid() == 0:
+        return ("jobs run as root, like the agent (--job-uids off, or no filesystem view can be built here): a job "
+                "can read and change everything on this host, the agent's token included")
     return (f"jobs share the agent's user (uid {os.geteuid()}): this agent cannot switch users (it does not run as "
             "root), so a job can read whatever the agent can, its host token included")
 
