@@ -252,6 +252,9 @@ def flush_buckets(now: float | None = None, *, everything: bool = False) -> int:
             stats["first"] = min(stats["first"], start)
             stats["last"] = max(stats["last"], start + BUCKET_S)
     existing_jobs = set(Job.objects.filter(pk__in=per_job).values_list("pk", flat=True))
+    # A GPU removed (its host deleted) while its samples waited here: its buckets have nowhere to go.
+    existing_gpus = set(GPU.objects.filter(pk__in={row.gpu_id for row in rows}).values_list("pk", flat=True))
+    rows = [row for row in rows if row.gpu_id in existing_gpus]
     with transaction.atomic():
         for row in rows:
             if row.job_id not in existing_jobs:
