@@ -164,6 +164,17 @@ def check_views(run_as: RunAs | None, job_uids: JobUids | None) -> None:
                          "the agent CAP_SYS_ADMIN (in a container), or drop --run-as/--job-uids")
 
 
+def hidden_from_jobs(args: argparse.Namespace) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """What a job's filesystem view covers besides the work and artifact roots: folders (the --private ones, the
+    filesystem broker's) and files (the host token)."""
+    private = [*args.private]
+    if args.broker.startswith("filesystem"):
+        broker = Path(args.broker_dir).resolve()
+        private += [broker, broker.parent / "broker-control"]
+    masked = (Path(args.token_file).resolve(),) if args.token_file else ()
+    return tuple(private), masked
+
+
 def describe_isolation(run_as: RunAs | None, job_uids: JobUids | None) -> str:
     if job_uids is not None:
         return (f"each job runs under a uid of its own ({job_uids.first}-{job_uids.last}) in a private filesystem "
@@ -354,13 +365,9 @@ def main(argv: list[str] | None = None) -> None:
         for index in job.dispatch.gpu_indices:
             backend.detach_job(index, job.dispatch.job_id)
 
-    private = [*args.private]
-    if args.broker.startswith("filesystem"):
-        broker = Path(args.broker_dir).resolve()
-        private += [broker, broker.parent / "broker-control"]
+    private, masked = hidden_from_jobs(args)
     runner = JobRunner(client, work_root=work_root, artifacts_root=artifacts, console_url=args.console_url,
-                       private_paths=tuple(private), pass_env=tuple(args.pass_env),
-                       mask_paths=(Path(args.token_file).resolve(),) if args.token_file else (),
+                       private_paths=private, pass_env=tuple(args.pass_env), mask_paths=masked,
                        simulated=backend.kind == "simulated", grace_s=args.grace_s,
                        on_attach=attach, on_detach=detach,
                        gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
