@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from redis.exceptions import RedisError
 
 from apps.accounts import access
 from apps.accounts.access import Viewer
@@ -22,6 +24,18 @@ logger = logging.getLogger(__name__)
 class LiveConsumer(AsyncWebsocketConsumer):
     job_id: int | None = None
     viewer: Viewer = access.NOBODY
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (RedisError, OSError) as exc:
+            # The channel layer's server (Redis) failed under the socket (channels reads its messages beside the
+            # client's): close it with "try again later", as a refused connect does, instead of a traceback.
+            logger.warning("live socket closed: the channel layer is unavailable: %s", exc)
+            hub.discard(self)
+            await cancel_task(getattr(self, "sender", None))
+            with contextlib.suppress(Exception):
+                await self.close(code=1013)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
