@@ -40,6 +40,15 @@ def cluster(tmp_path_factory, private_postgres, private_redis):
         live.stop()
 
 
+@pytest.fixture(autouse=True)
+def _services_back_after_each_test(cluster):
+    """A test that fails while it holds Redis or PostgreSQL down must not leave them down for the next one."""
+    yield
+    for service in (cluster.redis, cluster.postgres):
+        if not service.answers():
+            service.start()
+
+
 class LiveView:
     """What the browser's cluster page does: keep a socket open, reconnect with a new ticket when it drops."""
 
