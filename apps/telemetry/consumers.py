@@ -28,14 +28,16 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
-        except (RedisError, OSError) as exc:
+        except RedisError as exc:
             # The channel layer's server (Redis) failed under the socket (channels reads its messages beside the
             # client's): close it with "try again later", as a refused connect does, instead of a traceback.
             logger.warning("live socket closed: the channel layer is unavailable: %s", exc)
             hub.discard(self)
-            await cancel_task(getattr(self, "sender", None))
+            sender = getattr(self, "sender", None)
+            if sender is not None:
+                sender.cancel()
             with contextlib.suppress(Exception):
-                await self.close(code=1013)
+                await asyncio.wait_for(self.close(code=1013), timeout=5)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
