@@ -23,14 +23,15 @@ from apps.accounts.access import Action
 from apps.accounts.models import Team
 from apps.core.errors import InvalidInput
 from apps.jobs.models import CodeSnapshot
+from workers.codepack import CODE_SNAPSHOT_MAX_FILES as MAX_ENTRIES
+from workers.codepack import CODE_SNAPSHOT_MAX_UNPACKED_BYTES as MAX_UNPACKED_BYTES
 from workers.protocol import CODE_SNAPSHOT_MAX_BYTES
 from workers.runtime.artifacts import ArtifactStore, artifact_store_from_url
 
 # Where the archives live in the artifact store (job artifacts live under numeric job ids: no clash).
 CODE_SNAPSHOT_NAMESPACE = "code-snapshots"
-# Unpacked, an archive may hold at most this much and this many entries (a gzip bomb is refused while read).
-MAX_UNPACKED_BYTES = 4 * 1024**3
-MAX_ENTRIES = 200_000
+# Unpacked, an archive may hold at most MAX_UNPACKED_BYTES and MAX_ENTRIES (gpuctl and the agent use the same
+# bounds, workers/codepack.py): a gzip bomb is refused while it is read.
 
 
 def artifact_store() -> ArtifactStore:
