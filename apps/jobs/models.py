@@ -64,6 +64,9 @@ class Job(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs", db_index=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs", db_index=False)
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.TRAIN)
+    # A service's replicas share a group ("service:ID", set by apps.serving): the scheduler keeps one of them
+    # serving when training of the same or a lower priority wants their GPUs. Empty for every other job.
+    service_group = models.CharField(max_length=40, blank=True, default="")
     gpus = models.PositiveIntegerField()
     # A fraction of one GPU in 1/100s (100 = whole GPUs); gpu_memory_mb asks for memory on one GPU instead.
     gpu_share_units = models.PositiveSmallIntegerField(default=100)

@@ -101,11 +101,13 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None)
         RunningJob(
             **common(job),
             gpu_ids=tuple(gpu_ids[job["job_id"]]),
-            started_at=epoch(job["started_at_"] or job["placed_at_"]) or now,
+            started_at=epoch(began or job["placed_at_"]) or now,
+            started=began is not None,
             borrowing=job["borrowing_"],
             steps_reported_at=epoch(job["progress_at_"]),
         )
         for job in holding
+        for began in [job["started_at_"]]
     )
     pending = tuple(PendingJob(**common(job)) for job in queued)
     user_caps: dict[str, dict[str, int]] = defaultdict(dict)

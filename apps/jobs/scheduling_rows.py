@@ -28,7 +28,7 @@ JOB_FIELDS = {
     "steps_done_": F("steps_done"), "steps_per_second_": F("steps_per_second"),
     "time_limit_minutes_": F("time_limit_minutes"), "preemption_count_": F("preemption_count"),
     "workload_": F("workload"), "gpu_share_units_": F("gpu_share_units"), "gpu_memory_mb_": F("gpu_memory_mb"),
-    "created_at_": F("created_at"), "image_": F("image"),
+    "created_at_": F("created_at"), "image_": F("image"), "service_group_": F("service_group"),
 }
 HOLDING_FIELDS = {
     "started_at_": F("started_at"), "placed_at_": F("placed_at"), "borrowing_": F("borrowing"),
@@ -82,6 +82,7 @@ def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> 
         "gpu_memory_mb": job["gpu_memory_mb_"],
         "submitted_at": epoch(job["created_at_"]) or now,
         "needs_containers": bool(job["image_"]),
+        "service_group": job["service_group_"] or None,
     }
 
 
@@ -89,6 +90,7 @@ def pending_job(job: Job, now: float) -> PendingJob:
     """A job model instance (with team and user) as the core sees a waiting job: what a placement checks."""
     row = {f"{name}_": getattr(job, name) for name in (
         "gpus", "priority", "gpu_type", "max_steps", "steps_done", "steps_per_second", "time_limit_minutes",
-        "preemption_count", "workload", "gpu_share_units", "gpu_memory_mb", "created_at", "image")}
+        "preemption_count", "workload", "gpu_share_units", "gpu_memory_mb", "created_at", "image",
+        "service_group")}
     row.update(job_id=job.pk, team_slug=job.team.slug, username=job.user.get_username())
     return PendingJob(**job_common(row, 0.0, now))

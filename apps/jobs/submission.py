@@ -263,11 +263,12 @@ def _resources(spec: JobSpec, pools: GpuPools, errors: dict[str, object]) -> tup
 
 
 def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | None = None,
-               replica: bool = False) -> Job:
+               replica: bool = False, service_group: str = "") -> Job:
     """Queue a job after checking the spec, the user's role and the team's limits.
 
     Every check of a spec is here, so the API, the pages and the CLI get the same answers. `replica`: the serving
-    app submits a replica of a service, whose workload ({"serve": ...}) it built itself; users never may.
+    app submits a replica of a service, whose workload ({"serve": ...}) it built itself, naming the service's
+    replicas' `service_group`; users never may.
 
     The checks only read. The write is the part that must be exact under concurrency, and it is kept as short as
     the bare insert it is benchmarked against (benchmarks/submit_load.py): the user's row lock, one statement
@@ -294,6 +295,7 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         team=team,
         user=user,
         kind=spec.kind,
+        service_group=service_group if replica else "",
         gpus=spec.gpus,
         gpu_type=spec.gpu_type or "",
         priority=spec.priority,

@@ -6,6 +6,10 @@ a lower priority class; a job of the same team and class whose predicted remaini
 longer. The last two only once the victim has run its minimum time and while it is under its preemption cap.
 Victims are taken cheapest first: reclaimable borrowers, then lower classes, then the longest remaining.
 
+A service's replica is never stopped for a job of the same priority unless another replica of that service stays
+running: an inference service must keep answering (a higher class may still take it, and a lending team may
+still reclaim a replica that borrowed).
+
 Fractional jobs are ordinary victims, but stopping some of the fractions on a GPU frees no whole GPU: the fractions
 sharing a GPU are taken together, as one victim that frees that GPU, and only when every one of them may be
 stopped. A waiting fraction asks for one whole GPU this way (a GPU with room would have been used already).
@@ -252,6 +256,17 @@ def _plan_for_type(
     return VictimPlan(list(chosen.values()), gpu_type)
 
 
+def _spare_replicas(states: list[RunState]) -> dict[str, int]:
+    """Service group -> how many of its running replicas may stop with one still serving (groups with none
+    running are absent)."""
+    running: dict[str, int] = {}
+    for state in states:
+        group = state.job.service_group
+        if group is not None and state.job.started and not state.stopped:
+            running[group] = running.get(group, 0) + 1
+    return {group: count - 1 for group, count in running.items()}
+
+
 def plan_preemption(
     job: PendingJob,
     job_score: float,
@@ -265,8 +280,15 @@ def plan_preemption(
     """The cheapest set of victims after which `job` fits, or None. `states` must be in victim order;
     `sharers`: gpu id -> the running fractions on it. `quota_room_needed` is in units (sharing.FULL a GPU)."""
     eligible: list[tuple[RunState, str]] = []
+    spare = _spare_replicas(states)
     for state in states:
         kind = victim_kind(state, job, job_score, within_quota, config)
+        group = state.job.service_group
+        if kind == SHORTER and group is not None:
+            if spare.get(group, 0) <= 0 if state.job.started else group not in spare:
+                continue
+            if state.job.started:
+                spare[group] -= 1
         if kind is not None:
             eligible.append((state, kind))
     if not eligible:

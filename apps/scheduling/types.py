@@ -73,6 +73,8 @@ class PendingJob:
     gpu_memory_mb: int | None = None
     # The job runs in an OCI image: only hosts that run containers may take it (HostView.runs_containers).
     needs_containers: bool = False
+    # A replica of an inference service: the service's replicas share this key (see preemption.py).
+    service_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,9 @@ class RunningJob:
     gpu_share: float = 1.0
     gpu_memory_mb: int | None = None
     needs_containers: bool = False  # (see PendingJob)
+    service_group: str | None = None  # (see PendingJob)
+    # Running (not only placed): for a replica, serving or about to.
+    started: bool = True
 
 
 @dataclass(frozen=True, slots=True)

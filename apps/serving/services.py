@@ -31,14 +31,13 @@ from apps.accounts.models import Team
 from apps.jobs.errors import JobPermissionError, JobSpecError
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.services import JobSpec, job_release, job_submit
+from apps.scheduling.autoscale import MeasuredLoad, ScalingTargets, decide_replicas
 from apps.serving.models import InferenceService, ServiceEvent, ServiceReplica
 from apps.serving.replica_auth import replica_headers, replica_url
 from workers.runtime.artifacts import safe_job_id, safe_relpath
 from workers.runtime.catalog import PRESETS, WORKLOADS
 
 logger = logging.getLogger(__name__)
-SCALE_COOLDOWN_S = 15.0
-IDLE_RPS = 0.05
 STATS_TTL_S = 30
 
 
@@ -169,7 +168,7 @@ def _start_replica(service: InferenceService, reason: str) -> ServiceReplica:
                             "max_batch": service.max_batch, "max_wait_ms": service.max_wait_ms,
                             "batching": service.batching}},
     )
-    job = job_submit(user=service.owner, spec=spec, replica=True)
+    job = job_submit(user=service.owner, spec=spec, replica=True, service_group=f"service:{service.pk}")
     replica = ServiceReplica.objects.create(service=service, job=job)
     _event(service, "replica_started", f"replica job {job.pk} submitted: {reason}", job=job.pk)
     return replica
@@ -276,42 +275,27 @@ def _summarize(stats: list[dict[str, Any]], live: int, ready: int) -> dict[str, 
         return max(values) if values else None
 
     requests = sum(s.get("requests", 0) for s in stats)
+    window_requests = sum(int(s.get("window_requests", 0)) for s in stats)
     errors = sum(s.get("errors", 0) for s in stats)
     return {
         "replicas": live, "ready": ready, "rps": round(sum(s.get("rps", 0.0) for s in stats), 3),
         "p50_ms": worst("p50"), "p95_ms": worst("p95"), "p99_ms": worst("p99"),
         "queue_depth": sum(s.get("queue_depth", 0) for s in stats),
         "error_rate": round(errors / requests, 4) if requests else 0.0, "requests": requests,
+        "window_requests": window_requests,
     }
 
 
 def autoscale_decision(service: InferenceService, summary: dict[str, Any], now: float) -> tuple[int, str]:
-    """The replica count the measured load asks for, within bounds and after a cool-down."""
-    current = service.desired_replicas
-    bounded = min(max(current, service.min_replicas), service.max_replicas)
-    if bounded != current:
-        return bounded, "outside the min/max bounds"
-    last = service.last_scaled_at.timestamp() if service.last_scaled_at else 0.0
-    if now - last < SCALE_COOLDOWN_S or summary["ready"] < min(current, 1):
-        return current, "cooling down"
-    p95, rps, ready = summary["p95_ms"], summary["rps"], max(summary["ready"], 1)
-    per_replica = rps / ready
-    over_latency = service.target_p95_ms is not None and p95 is not None and p95 > service.target_p95_ms
-    over_rate = service.target_rps_per_replica is not None and per_replica > service.target_rps_per_replica
-    if (over_latency or over_rate or summary["queue_depth"] > 4 * service.max_batch) and current < service.max_replicas:
-        why = (f"p95 {p95:.0f} ms > target {service.target_p95_ms:.0f} ms" if over_latency else
-               f"{per_replica:.1f} req/s per replica > target {service.target_rps_per_replica:.1f}" if over_rate else
-               f"queue depth {summary['queue_depth']}")
-        return current + 1, why
-    if current > service.min_replicas:
-        if rps < IDLE_RPS:
-            return service.min_replicas, f"idle ({rps:.2f} req/s): back to the minimum"
-        fewer = current - 1
-        calm_latency = service.target_p95_ms is None or (p95 is not None and p95 < service.target_p95_ms / 2)
-        calm_rate = service.target_rps_per_replica is None or rps / fewer < service.target_rps_per_replica * 0.7
-        if calm_latency and calm_rate:
-            return fewer, f"load fits {fewer} replica(s): {rps:.1f} req/s, p95 {p95 or 0:.0f} ms"
-    return current, "steady"
+    """The replica count the measured load asks for: the core's rule (apps.scheduling.autoscale) on this pass."""
+    targets = ScalingTargets(min_replicas=service.min_replicas, max_replicas=service.max_replicas,
+                             target_p95_ms=service.target_p95_ms,
+                             target_rps_per_replica=service.target_rps_per_replica, max_batch=service.max_batch)
+    load = MeasuredLoad(live=summary.get("replicas", summary["ready"]), ready=summary["ready"], rps=summary["rps"],
+                        window_requests=summary.get("window_requests", 0), p95_ms=summary["p95_ms"],
+                        queue_depth=summary["queue_depth"])
+    last = service.last_scaled_at.timestamp() if service.last_scaled_at else float("-inf")
+    return decide_replicas(service.desired_replicas, targets, load, now - last)
 
 
 def reconcile_all(*, observe: Observer | None = None) -> int:

@@ -163,3 +163,33 @@ def test_deterministic_for_a_snapshot():
     )
     first = schedule(snap)
     assert all(schedule(snap) == first for _ in range(3))
+
+
+def _replica(job_id: int, gpu: int, now: float, **kw):
+    kw.setdefault("started_at", now - 3600)
+    return running(job_id, (gpu,), service_group="service:7", **kw)
+
+
+def test_a_services_only_replica_is_not_stopped_for_a_short_job_of_its_class():
+    now = 100_000.0
+    short = pending(1, 1, declared_steps=30, observed_step_s=1.0)
+    snap = snapshot(hosts(1, 1), [short], [_replica(10, 0, now)], now=now)
+    assert schedule(snap).preemptions == ()
+    # One of two running replicas may go: the other keeps answering.
+    two = snapshot(hosts(1, 2), [pending(1, 2, declared_steps=30, observed_step_s=1.0), pending(2, 1,
+                   declared_steps=30, observed_step_s=1.0)], [_replica(10, 0, now), _replica(11, 1, now)], now=now)
+    assert len(schedule(two).preemptions) == 1
+
+
+def test_a_replica_not_serving_yet_keeps_the_only_serving_one():
+    now = 100_000.0
+    snap = snapshot(hosts(1, 2), [pending(1, 1, declared_steps=30, observed_step_s=1.0)],
+                    [_replica(10, 0, now), _replica(11, 1, now, started=False)], now=now)
+    assert set(stopped(schedule(snap))) == {11}
+
+
+def test_a_higher_class_may_still_take_a_services_only_replica():
+    now = 100_000.0
+    urgent = pending(1, 1, priority=HIGH, declared_steps=30, observed_step_s=1.0)
+    snap = snapshot(hosts(1, 1), [urgent], [_replica(10, 0, now)], now=now)
+    assert set(stopped(schedule(snap))) == {10}

@@ -188,6 +188,7 @@ def test_replicas_that_end_are_replaced_and_delete_releases_everything(world, cl
     service = InferenceService.objects.get()
     services.reconcile(service)
     assert Job.objects.count() == 2
+    assert set(Job.objects.values_list("service_group", flat=True)) == {f"service:{service.pk}"}
     kinds = list(service.events.values_list("kind", flat=True))
     assert kinds == ["created", "replica_started", "replica_ended", "replica_started"]
     assert client_for(world.viewer).delete(f"/api/v1/services/{body['id']}/").status_code == 403
@@ -197,19 +198,19 @@ def test_replicas_that_end_are_replaced_and_delete_releases_everything(world, cl
 
 
 def test_autoscaling_decisions(world):
-    from apps.jobs.services import JobSpec  # noqa: F401 - the module must import cleanly
-
+    """The service's fields reach the core's rule (apps.scheduling.autoscale; its cases are in tests/scheduling)."""
     service = InferenceService(team=world.vision, name="s", owner=world.member, workload="mlp-digits",
                                min_replicas=1, max_replicas=3, target_p95_ms=100, desired_replicas=1)
     now = timezone.now().timestamp()
-    calm = {"ready": 1, "rps": 5.0, "p95_ms": 20.0, "queue_depth": 0}
+    calm = {"replicas": 1, "ready": 1, "rps": 5.0, "window_requests": 150, "p95_ms": 20.0, "queue_depth": 0}
     assert services.autoscale_decision(service, calm, now) == (1, "steady")
-    hot = {"ready": 1, "rps": 50.0, "p95_ms": 400.0, "queue_depth": 0}
+    hot = {"replicas": 1, "ready": 1, "rps": 50.0, "window_requests": 1500, "p95_ms": 400.0, "queue_depth": 0}
     desired, reason = services.autoscale_decision(service, hot, now)
     assert desired == 2 and "p95 400 ms > target 100 ms" in reason
     service.desired_replicas, service.last_scaled_at = 2, timezone.now()
-    assert services.autoscale_decision(service, hot, now)[1] == "cooling down"
-    later = now + 60
-    desired, reason = services.autoscale_decision(service, {"ready": 2, "rps": 0.0, "p95_ms": None,
+    assert services.autoscale_decision(service, {**hot, "replicas": 2}, now)[1].startswith("waiting for 1 replica")
+    assert services.autoscale_decision(service, {**hot, "replicas": 2, "ready": 2}, now)[1] == "cooling down"
+    later = now + 120
+    desired, reason = services.autoscale_decision(service, {"replicas": 2, "ready": 2, "rps": 0.0, "p95_ms": None,
                                                             "queue_depth": 0}, later)
     assert desired == 1 and reason.startswith("idle")

@@ -139,8 +139,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("serving")
     unbatched = Replica(["--workload", "cnn-digits", "--params", '{"channels": 8}', "--no-batching"],
                         root / "unbatched").start()
+    # The SIGTERM test's long generations must finish however busy the machine is: a drain that waits for them.
     lm = Replica(["--workload", "tiny-lm", "--params", '{"d_model": 64, "layers": 2, "seq_len": 32}',
-                  "--max-batch", "16"], root / "lm").start()
+                  "--max-batch", "16", "--drain-s", "600"], root / "lm").start()
     started = [unbatched, lm]
     try:
         model = train_mlp_digits(root / "train-output")

@@ -16,7 +16,8 @@ Endpoints (JSON in, JSON out; errors are {"detail": "<reason>"}):
                    (each input: 64 numbers 0..16, an 8x8 image as in sklearn's digits, flat or 8 rows of 8)
                    tiny-lm: {"inputs": ["prompt", ...], "max_new_tokens": 16} -> {"outputs": ["greedy text", ...]}
     GET  /stats    {"requests", "errors", "batches", "batch_size_mean", "queue_depth",
-                    "latency_ms": {"p50", "p95", "p99"}, "rps", "uptime_s", ...}
+                    "latency_ms": {"p50", "p95", "p99"}, "window_requests", "rps", "uptime_s", ...}
+               (latencies and window_requests over the last LATENCY_WINDOW_S, rps over RPS_WINDOW_S)
 
 Dynamic batching: concurrent requests are queued and collected for up to --max-wait-ms (from the oldest
 queued request) or until --max-batch inputs, then run as one forward pass on a single inference thread
@@ -474,6 +475,7 @@ class Stats:
             "queue_depth": batcher.queued_items,
             "in_flight": self.in_flight,
             "latency_ms": latency,
+            "window_requests": len(window),
             "rps": round(recent / min(RPS_WINDOW_S, max(uptime, 1e-3)), 3),
             "uptime_s": round(uptime, 3),
             "batching": batcher.batching,
@@ -653,7 +655,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(engine: Engine, *, host: str, port: int, max_batch: int, max_wait_ms: float, batching: bool,
-          max_queue: int, progress_file: Path | None, secret: str | None) -> int:
+          max_queue: int, progress_file: Path | None, secret: str | None,
+          drain_s: int = GRACEFUL_SHUTDOWN_S) -> int:
     import uvicorn
 
     from .reporting import Reporter
@@ -665,7 +668,7 @@ def serve(engine: Engine, *, host: str, port: int, max_batch: int, max_wait_ms: 
     bound_port = sock.getsockname()[1]
     reporter = Reporter(progress_file)
     config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048)
+                            timeout_graceful_shutdown=drain_s, backlog=2048)
     server = _server_class()(config)
 
     def on_ready() -> None:
@@ -736,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long the oldest queued request waits for a batch to fill")
     parser.add_argument("--max-queue", type=int, default=4096, help="queued inputs beyond which requests get 503")
     parser.add_argument("--no-batching", action="store_true", help="run every request on its own")
+    parser.add_argument("--drain-s", type=int, default=GRACEFUL_SHUTDOWN_S,
+                        help="on SIGTERM, how long in-flight requests may take to finish before they are cut")
     parser.add_argument("--no-auth", action="store_true",
                         help=f"serve without ${REPLICA_SECRET_ENV} (local tries only: needs a loopback --host)")
     args = parser.parse_args(argv)
@@ -753,9 +758,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     if args.max_batch < 1 or args.max_wait_ms < 0 or args.max_queue < 1 or not 0 <= args.port <= 65535 \
-            or not math.isfinite(args.max_wait_ms):
+            or not math.isfinite(args.max_wait_ms) or not 0 < args.drain_s < 3600:
         parser.error("--max-batch and --max-queue must be at least 1, --max-wait-ms at least 0, "
-                     "--port 0..65535")
+                     "--port 0..65535, --drain-s above 0 and under an hour")
     problem = _access_problem(args.host, secret, args.no_auth)
     if problem:
         parser.error(problem)
@@ -775,7 +780,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return serve(engine, host=args.host, port=args.port, max_batch=args.max_batch,
                      max_wait_ms=args.max_wait_ms, batching=not args.no_batching, max_queue=args.max_queue,
-                     progress_file=job_env.progress_file, secret=None if args.no_auth else secret)
+                     progress_file=job_env.progress_file, secret=None if args.no_auth else secret,
+                     drain_s=args.drain_s)
     except OSError as exc:
         log.error("cannot serve on %s:%d: %s", args.host, args.port, exc)
         return 1
