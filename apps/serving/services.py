@@ -313,7 +313,7 @@ def reconcile_all(*, observe: Observer | None = None) -> int:
 def service_stats(service: InferenceService) -> dict[str, Any]:
     return cache.get(stats_key(service.pk)) or {"replicas": 0, "ready": 0, "rps": 0.0, "p50_ms": None,
                                                  "p95_ms": None, "p99_ms": None, "queue_depth": 0,
-                                                 "error_rate": 0.0, "requests": 0}
+                                                 "error_rate": 0.0, "requests": 0, "window_requests": 0}
 
 
 def ready_replicas(service_id: int) -> list[dict[str, Any]]:

@@ -92,6 +92,13 @@ def test_train_deploy_predict_scale_survive_and_delete(cluster):
     assert bad.status_code == 400 and "JSON" in bad.json()["detail"]
     assert gateway.post(path, json={"inputs": [[1, 2, 3]]}).status_code == 400
 
+    # One slow request over a 5 ms target is not load: the pass that sees it keeps one replica.
+    cluster.wait_for(lambda: service_detail(cluster, service["id"])["stats"]["requests"] >= 1,
+                     timeout=180, what="a reconcile pass that saw the request")
+    assert service_detail(cluster, service["id"])["desired_replicas"] == 1
+    assert "scale_up" not in [e["kind"] for e in cluster.mona.get(
+        f"/api/v1/services/{service['id']}/events/").json()["results"]]
+
     # Load: p95 above the (deliberately tight) target scales the service to 2 replicas, then back to 1 when idle.
     stop = threading.Event()
     failures: list[int] = []
@@ -116,7 +123,8 @@ def test_train_deploy_predict_scale_survive_and_delete(cluster):
         for worker in workers:
             worker.join(timeout=30)
     assert failures == []
-    cluster.wait_for(lambda: service_detail(cluster, service["id"])["desired_replicas"] == 1, timeout=90,
+    # Down only after the scale-down window (60 s after the last change), every replica ready.
+    cluster.wait_for(lambda: service_detail(cluster, service["id"])["desired_replicas"] == 1, timeout=180,
                      what="a scale-down when idle")
     events = cluster.mona.get(f"/api/v1/services/{service['id']}/events/").json()["results"]
     kinds = [e["kind"] for e in events]
