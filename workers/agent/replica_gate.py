@@ -337,7 +337,8 @@ def run(*, listen: str, pidfile: Path, progress: Path, command: list[str], uid: 
     # SIGTERM reaches `podman run` from the shim too: the gate waits for the container to stop, then leaves.
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)  # noqa: S603 - the agent's own argv
+    # The fds the shim handed down (podman's --env-file memfd) go on to podman; the gate's own are close-on-exec.
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=False)  # noqa: S603 - the agent's argv
     pid = read_pidfile(pidfile, child)
     namespace = Namespace(f"/proc/{pid}/ns/net")
     drop_privileges(uid, gid)
