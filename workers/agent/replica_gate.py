@@ -14,7 +14,8 @@ replica's secret ($CONSOLE_REPLICA_SECRET, removed from its environment once rea
 
     GET  /health   the server's GET /health, as {"ready": bool}
     POST /predict  forwarded to the server's POST /predict; its status and JSON body come back as they are
-    GET  /stats    what the gate measured (requests, errors, latency, rps, in flight): the autoscaler's input
+    GET  /stats    what the gate measured (requests, errors, latency, rps, in flight): the autoscaler's input;
+                   503 while the server does not answer GET /health with 200 (the reconciler then routes nothing)
 
 Once the server answers GET /health with 200, the gate appends {"type": "serving", "port": ...} to --progress
 (a file of the agent's the job cannot write, opened before the gate drops root), so the console starts calling it.
@@ -246,8 +247,8 @@ def handler_class(upstream: Upstream, stats: Stats, secret: bytes) -> type[BaseH
             if path == "/health":
                 ready = upstream.healthy()
                 self._answer(200 if ready else 503, {"ready": ready})
-            elif path == "/stats":
-                self._answer(200, stats.snapshot())
+            elif path == "/stats":  # the reconciler's poll: a server not ready (any more) gets no traffic
+                self._answer(200, stats.snapshot()) if upstream.healthy() else self._answer(503, {"ready": False})
             else:
                 self._predict(length)
 
