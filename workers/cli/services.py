@@ -48,7 +48,7 @@ def _show(service: dict[str, Any]) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    argv = list(args.argv)
     if args.command_line is not None and argv:
         raise CliError("give the server's command either with --command or after --, not both")
     if args.command_line is not None:
@@ -159,7 +159,7 @@ def add_commands(commands: Any) -> None:
     create.add_argument("--target-rps", type=float, help="requests per second per replica")
     create.add_argument("--no-batching", action="store_true")
     create.add_argument("--json", action="store_true")
-    create.add_argument("argv", nargs=argparse.REMAINDER, help="the server's argv in the image, after --")
+    create.set_defaults(argv=[])  # the server's argv in the image, after -- (main.parse_args)
     listing = actions.add_parser("list", help="Your teams' services.")
     listing.set_defaults(func=cmd_list)
     listing.add_argument("--json", action="store_true")
