@@ -5,6 +5,7 @@ is tests/containers/test_live_containers.py's."""
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from apps.accounts.secrets import secret_create
 from apps.cluster.models import Host
@@ -100,3 +101,44 @@ def test_the_service_page_creates_an_image_service_and_shows_field_errors(world,
     assert service.image == IMAGE and service.command == COMMAND and service.env == {"MODEL": "small"}
     page = client.get(f"/services/{service.pk}/")
     assert IMAGE in page.content.decode() and "python3 /srv/server.py --workers 2" in page.content.decode()
+
+
+SERVICE_FIELDS = {"team", "name", "workload", "image", "command", "env", "secrets", "checkpoint", "preset",
+                  "gpus_per_replica", "min_replicas", "max_replicas", "target_p95_ms", "target_rps_per_replica",
+                  "max_batch", "max_wait_ms", "batching"}
+
+
+class RolledBack(Exception):
+    def __init__(self, response) -> None:
+        super().__init__()
+        self.response = response
+
+
+def test_fuzzed_image_service_specs_are_201_or_400_with_field_errors(world, client_for):
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    from tests.faults.test_hostile_api import assert_messages, json_values
+
+    client = client_for(world.member)
+    valid = {"team": "vision", "name": "own", "image": IMAGE, "command": COMMAND, "env": {"A": "1"}}
+    specs = st.dictionaries(st.sampled_from(["image", "command", "env", "secrets", "workload", "checkpoint"]),
+                            json_values, max_size=3).map(lambda changes: {**valid, **changes})
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+    @given(spec=specs)
+    def check(spec) -> None:
+        try:  # each example rolled back: a created service does not take the next one's name
+            with transaction.atomic():
+                raise RolledBack(client.post("/api/v1/services/", spec, format="json"))
+        except RolledBack as done:
+            response = done.response
+        assert response.status_code in {201, 400}, (spec, response.status_code, response.content[:500])
+        if response.status_code == 400:
+            errors = response.json()
+            assert isinstance(errors, dict) and set(errors) <= SERVICE_FIELDS | {"non_field_errors"}, errors
+            assert_messages(errors)
+
+    check()
+    assert not InferenceService.objects.exists() and not Job.objects.exists()
