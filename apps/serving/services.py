@@ -2,7 +2,8 @@
 
 A replica is an ordinary inference job (so quotas, priorities, borrowing and preemption apply to it) whose process
 is the replica server `workers.runtime.serve`, or, for a service from a user's image, the user's own server in that
-image behind the agent's replica gate (workers/agent/replica_gate.py; the contract is in docs/containers.md). The reconciler (Celery beat, every few seconds) restarts replicas
+image behind the agent's replica gate (workers/agent/replica_gate.py; the contract is in docs/containers.md). The
+reconciler (Celery beat, every few seconds) restarts replicas
 that ended, polls each ready replica's /stats, publishes the ready endpoints for the gateway, and autoscales;
 apps.operations.inference runs it with the services' alert rules watching.
 A replica is only ever called at its placement host's registered address and the port it reported, with its

@@ -72,10 +72,10 @@ def cmd_create(args: argparse.Namespace) -> int:
         body["image"] = args.image or ""
         if argv:
             body["command"] = list(argv)
-        if args.env:
-            body["env"] = dict(parse_env(text, os.environ) for text in args.env)
-        if args.secret:
-            body["secrets"] = list(dict.fromkeys(args.secret))
+    if args.env:  # with --workload too: the API answers that they are for an image's server
+        body["env"] = dict(parse_env(text, os.environ) for text in args.env)
+    if args.secret:
+        body["secrets"] = list(dict.fromkeys(args.secret))
     if args.target_p95_ms is not None:
         body["target_p95_ms"] = args.target_p95_ms
     if args.target_rps is not None:
