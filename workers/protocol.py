@@ -26,6 +26,13 @@ HEARTBEAT_TIMEOUT_S = 30.0
 # the replica in this environment variable (never on the command line, which every local user can read).
 REPLICA_SECRET_HEADER = "X-Replica-Secret"
 REPLICA_SECRET_ENV = "CONSOLE_REPLICA_SECRET"
+# The HTTP contract of a service's own server (a service from a user's image, docs/containers.md): it listens on
+# this port (given to it in ENV_SERVE_PORT) inside its container's private network namespace, answers
+# GET REPLICA_HEALTH_PATH with 200 once ready and POST REPLICA_PREDICT_PATH with JSON. The agent's replica gate
+# (workers/agent/replica_gate.py) stands before it with the secret and the statistics.
+REPLICA_SERVER_PORT = 8080
+REPLICA_HEALTH_PATH = "/health"
+REPLICA_PREDICT_PATH = "/predict"
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
@@ -341,10 +348,13 @@ ENV_API_URL = "CONSOLE_API_URL"
 ENV_GPU_MEMORY_LIMIT_MB = "CONSOLE_GPU_MEMORY_LIMIT_MB"
 ENV_GPU_MEMORY_FRACTION = "CONSOLE_GPU_MEMORY_FRACTION"
 ENV_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# The port a service's own server listens on (REPLICA_SERVER_PORT), in a replica from a user's image.
+ENV_SERVE_PORT = "CONSOLE_SERVE_PORT"
 # Every variable of a JobEnvironment: the agent drops inherited ones (--pass-env) before setting its own.
 JOB_ENV_VARIABLES = (ENV_JOB_ID, ENV_ATTEMPT, ENV_PRESET, ENV_MAX_STEPS, ENV_PROGRESS_FILE, ENV_CHECKPOINT_DIR,
                      ENV_CHECKPOINT_EVERY, ENV_OUTPUT_DIR, ENV_MODEL_PATH, ENV_DEVICE, ENV_JOB_TOKEN, ENV_API_URL,
-                     REPLICA_SECRET_ENV, ENV_GPU_MEMORY_LIMIT_MB, ENV_GPU_MEMORY_FRACTION, ENV_VISIBLE_DEVICES)
+                     REPLICA_SECRET_ENV, ENV_GPU_MEMORY_LIMIT_MB, ENV_GPU_MEMORY_FRACTION, ENV_VISIBLE_DEVICES,
+                     ENV_SERVE_PORT)
 # Where the agent puts the progress file, in the job's own folder.
 PROGRESS_FILE_NAME = "progress.jsonl"
 # The job API's path under the console's URL.
@@ -411,6 +421,7 @@ class JobEnvironment:
     replica_secret: str = field(default="", repr=False)
     gpu_memory_limit_mb: int | None = None
     gpu_memory_fraction: float | None = None
+    serve_port: int | None = None
 
     def to_env(self) -> dict[str, str]:
         values: dict[str, str | int | float | Path | None] = {
@@ -420,6 +431,7 @@ class JobEnvironment:
             ENV_OUTPUT_DIR: self.output_dir, ENV_MODEL_PATH: self.model_path, ENV_DEVICE: self.device,
             ENV_API_URL: self.api_url, ENV_JOB_TOKEN: self.job_token, REPLICA_SECRET_ENV: self.replica_secret,
             ENV_GPU_MEMORY_LIMIT_MB: self.gpu_memory_limit_mb, ENV_GPU_MEMORY_FRACTION: self.gpu_memory_fraction,
+            ENV_SERVE_PORT: self.serve_port,
         }
         env = {name: str(value) for name, value in values.items() if value is not None and value != ""}
         if self.visible_devices is not None:
@@ -447,6 +459,7 @@ class JobEnvironment:
             replica_secret=env.get(REPLICA_SECRET_ENV, ""),
             gpu_memory_limit_mb=env_int(env, ENV_GPU_MEMORY_LIMIT_MB),
             gpu_memory_fraction=_env_fraction(env, ENV_GPU_MEMORY_FRACTION),
+            serve_port=env_int(env, ENV_SERVE_PORT),
         )
 
 

@@ -37,6 +37,34 @@ class JobFilterForm(forms.Form):
         self.fields["team"].choices = [("", "any team")] + [(slug, slug) for slug in teams]
 
 
+def command_argv(text: str) -> list[str]:
+    """A command field: one argument per line, or one line split like a POSIX shell."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    if len(lines) > 1:
+        return [line.strip() for line in lines]
+    try:
+        return shlex.split(lines[0])
+    except ValueError as exc:
+        raise forms.ValidationError(f"Cannot split the command: {exc}.") from None
+
+
+def env_lines(text: str) -> dict[str, str]:
+    """An environment field: NAME=value lines."""
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            raise forms.ValidationError(f"Line {number}: write NAME=value.")
+        if name.strip() in env:
+            raise forms.ValidationError(f"Line {number}: {name.strip()} is set twice.")
+        env[name.strip()] = value
+    return env
+
+
 class JobSubmitForm(forms.Form):
     """What the API's JobSubmitSerializer takes, as form fields. Rules are checked by job_submit."""
 
@@ -109,29 +137,10 @@ class JobSubmitForm(forms.Form):
         return value
 
     def clean_command(self) -> list[str]:
-        text = self.cleaned_data.get("command", "")
-        lines = [line for line in text.splitlines() if line.strip()]
-        if not lines:
-            return []
-        if len(lines) > 1:
-            return [line.strip() for line in lines]
-        try:
-            return shlex.split(lines[0])
-        except ValueError as exc:
-            raise forms.ValidationError(f"Cannot split the command: {exc}.") from None
+        return command_argv(self.cleaned_data.get("command", ""))
 
     def clean_env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for number, line in enumerate(self.cleaned_data.get("env", "").splitlines(), start=1):
-            if not line.strip():
-                continue
-            name, sep, value = line.partition("=")
-            if not sep:
-                raise forms.ValidationError(f"Line {number}: write NAME=value.")
-            if name.strip() in env:
-                raise forms.ValidationError(f"Line {number}: {name.strip()} is set twice.")
-            env[name.strip()] = value
-        return env
+        return env_lines(self.cleaned_data.get("env", ""))
 
     def clean_secrets(self) -> list[str]:
         return _names(self.cleaned_data.get("secrets", ""))
@@ -305,7 +314,17 @@ class ServiceCreateForm(forms.Form):
 
     team = forms.ChoiceField()
     name = forms.SlugField(max_length=49, help_text="Letters, digits and hyphens; part of the endpoint's path.")
-    workload = forms.ChoiceField(label="Built-in workload")
+    workload = forms.ChoiceField(required=False, label="Built-in workload",
+                                 help_text="Blank: the service runs your own server from an image (below).")
+    image = forms.CharField(required=False, strip=True, label="Image",
+                            help_text="Your server's OCI image; it answers the HTTP contract in docs/containers.md "
+                                      "(GET /health, POST /predict on $CONSOLE_SERVE_PORT).")
+    command = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Server command",
+                              help_text="The server's argv in the image: one argument per line, or a shell-like line.")
+    env = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Environment variables",
+                          help_text="One NAME=value per line (image services).")
+    secrets = forms.CharField(required=False, label="Team secrets",
+                              help_text="Names of the team's secrets for the server, separated by spaces or commas.")
     checkpoint = forms.CharField(
         required=False, max_length=300, label="Checkpoint (optional)",
         widget=forms.TextInput(attrs={"placeholder": "JOB_ID/outputs/model.pt"}),
@@ -329,11 +348,21 @@ class ServiceCreateForm(forms.Form):
         self.fields["team"].choices = [(slug, slug) for slug in teams]
         if len(teams) == 1:
             self.fields["team"].initial = teams[0]
-        self.fields["workload"].choices = [(w.name, w.name) for w in WORKLOADS.values() if "inference" in w.kinds]
+        self.fields["workload"].choices = [("", "— (an image's server)")] + [
+            (w.name, w.name) for w in WORKLOADS.values() if "inference" in w.kinds]
         self.fields["preset"].choices = [(p.name, p.name) for p in PRESETS.values() if p.kind == "inference"]
 
     def clean_checkpoint(self) -> str:
         return self.cleaned_data.get("checkpoint", "").strip()
+
+    def clean_command(self) -> list[str]:
+        return command_argv(self.cleaned_data.get("command", ""))
+
+    def clean_env(self) -> dict[str, str]:
+        return env_lines(self.cleaned_data.get("env", ""))
+
+    def clean_secrets(self) -> list[str]:
+        return _names(self.cleaned_data.get("secrets", ""))
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -346,7 +375,19 @@ class ServiceCreateForm(forms.Form):
         """The ServiceSpec's fields but the team (the view turns the slug into a Team)."""
         data = dict(self.cleaned_data)
         data.pop("team")
+        for name in ("command", "env", "secrets"):  # blank: not given (service_create says what is missing)
+            data[name] = data.get(name) or None
         return data
+
+    def add_spec_errors(self, errors: dict[str, object]) -> None:
+        """service_create's field errors on the form's fields; a variable's own (env: {NAME: [...]}) named."""
+        for key, value in errors.items():
+            field = key if key in self.fields else None
+            items = value.items() if isinstance(value, dict) else [("", value)]
+            for name, messages in items:
+                for message in _as_list(messages):
+                    prefix = "".join(f"{part}: " for part in (None if field else key, name or None) if part)
+                    self.add_error(field, f"{prefix}{message}")
 
 
 class ServiceScaleForm(forms.Form):

@@ -182,8 +182,10 @@ def _check_workload(kind: str, preset_name: str, workload: dict[str, Any]) -> di
         errors["preset"] = [f"Preset '{preset_name}' is for {preset.kind} jobs, not {kind} jobs."]
     serve = workload.get("serve")
     if serve is not None:  # a service replica: built by apps.serving, never taken from users as is
-        if kind != Job.Kind.INFERENCE or serve.get("workload") not in WORKLOADS:
-            errors["workload"] = {"serve": ["A replica serves a built-in workload's model in an inference job."]}
+        # A built-in workload's model, or a service's own server in its image (its command, checked there).
+        if kind != Job.Kind.INFERENCE or (serve.get("workload") not in WORKLOADS and not serve.get("command")):
+            errors["workload"] = {"serve": ["A replica serves a built-in workload's model or runs a service's own "
+                                            "server, in an inference job."]}
         return errors
     builtin = workload.get("builtin")
     if builtin is not None:

@@ -22,7 +22,8 @@ class ServiceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = InferenceService
-        fields = ["id", "team", "name", "owner", "workload", "checkpoint", "preset", "gpus_per_replica",
+        fields = ["id", "team", "name", "owner", "workload", "image", "command", "env", "secrets", "checkpoint",
+                  "preset", "gpus_per_replica",
                   "min_replicas", "max_replicas", "target_p95_ms", "target_rps_per_replica", "max_batch",
                   "max_wait_ms", "batching", "desired_replicas", "state", "created_at", "endpoint", "stats",
                   "replicas"]
@@ -43,7 +44,14 @@ class ServiceSerializer(serializers.ModelSerializer):
 class ServiceCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = serializers.SlugField(max_length=49)
     name = serializers.SlugField(max_length=49)
-    workload = serializers.CharField(max_length=60)
+    workload = serializers.CharField(max_length=60, required=False, allow_blank=True, default="",
+                                     help_text="a built-in workload whose model is served; or give image and command")
+    image = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="",
+                                  help_text="an OCI image whose server the service runs (with command)")
+    command = serializers.JSONField(required=False, help_text="argv of the server in the image; it answers the HTTP "
+                                                              "contract of docs/containers.md")
+    env = serializers.JSONField(required=False, help_text='plain variables of an image service: {"NAME": "value"}')
+    secrets = serializers.JSONField(required=False, help_text="names of the team's secrets to hand an image service")
     checkpoint = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
     preset = serializers.CharField(max_length=60, default="infer-fp32")
     gpus_per_replica = serializers.IntegerField(min_value=1, max_value=8, default=1)

@@ -19,7 +19,14 @@ class InferenceService(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="services")
     name = models.CharField(max_length=49, validators=[slug_validator])
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="services")
-    workload = models.CharField(max_length=60, help_text="Built-in workload whose model is served.")
+    workload = models.CharField(max_length=60, blank=True,
+                                help_text="Built-in workload whose model is served (empty: the service's image).")
+    # A service from a user's image (docs/containers.md): its server's command in that image, plain variables and
+    # the names of team secrets, checked as a job's (apps/jobs/container_spec.py).
+    image = models.CharField(max_length=255, blank=True)
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    secrets = models.JSONField(default=list, blank=True)
     checkpoint = models.CharField(max_length=300, blank=True,
                                   help_text="Artifact path of trained weights, '<job id>/outputs/model.pt'.")
     preset = models.CharField(max_length=60, default="infer-fp32")

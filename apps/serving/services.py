@@ -1,7 +1,9 @@
 """Inference services: create, scale and delete them; keep their replicas running; scale on measured load.
 
 A replica is an ordinary inference job (so quotas, priorities, borrowing and preemption apply to it) whose process
-is the replica server `workers.runtime.serve`. The reconciler (Celery beat, every few seconds) restarts replicas
+is the replica server `workers.runtime.serve`, or, for a service from a user's image, the user's own server in that
+image behind the agent's replica gate (workers/agent/replica_gate.py; the contract is in docs/containers.md). The
+reconciler (Celery beat, every few seconds) restarts replicas
 that ended, polls each ready replica's /stats, publishes the ready endpoints for the gateway, and autoscales;
 apps.operations.inference runs it with the services' alert rules watching.
 A replica is only ever called at its placement host's registered address and the port it reported, with its
@@ -28,9 +30,11 @@ from django.utils import timezone
 from apps.accounts import access
 from apps.accounts.access import Action
 from apps.accounts.models import Team
+from apps.jobs.container_spec import checked_environment
 from apps.jobs.errors import JobPermissionError, JobSpecError
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.services import JobSpec, job_release, job_submit
+from apps.jobs.workload_shape import checked_workload
 from apps.scheduling.autoscale import MeasuredLoad, ScalingTargets, decide_replicas
 from apps.serving.models import InferenceService, ServiceEvent, ServiceReplica
 from apps.serving.replica_auth import replica_headers, replica_url
@@ -53,7 +57,7 @@ def stats_key(service_id: int) -> str:
 class ServiceSpec:
     team: Team
     name: str
-    workload: str
+    workload: str = ""
     checkpoint: str = ""
     preset: str = "infer-fp32"
     gpus_per_replica: int = 1
@@ -64,6 +68,11 @@ class ServiceSpec:
     max_batch: int = 32
     max_wait_ms: float = 5.0
     batching: bool = True
+    # A service from a user's image: its server's argv in that image, plain variables, names of team secrets.
+    image: str = ""
+    command: Any = None
+    env: Any = None
+    secrets: Any = None
 
 
 def _inside_job(checkpoint: str) -> bool:
@@ -77,11 +86,38 @@ def _inside_job(checkpoint: str) -> bool:
     return True
 
 
+def _validate_image(spec: ServiceSpec, errors: dict[str, object]) -> None:
+    """A service from a user's image: its image, env and secrets are checked as a job's, its command as a job's
+    argv; a built-in workload or checkpoint does not go with it."""
+    if not spec.image:
+        errors["image"] = ["A service with a command runs it in an image: give the image too."]
+    if spec.command is None or spec.command == []:
+        errors["command"] = ["Give the argv of the service's server in its image (it answers the HTTP contract in "
+                             "docs/containers.md)."]
+    else:
+        _, problem = checked_workload({"command": spec.command})
+        if problem is not None:
+            errors["command"] = problem.get("command", problem) if isinstance(problem, dict) else problem
+    if spec.workload:
+        errors["workload"] = ["A service serves either a built-in workload or its own image, not both."]
+    if spec.checkpoint:
+        errors["checkpoint"] = ["Only a built-in workload's service loads a checkpoint; an image brings its own."]
+    checked_environment(image=spec.image, env=spec.env, secrets=spec.secrets, mounts=None, code=None, shm_gb=None,
+                        team=spec.team, memory_gb=0.0, errors=errors)
+
+
 def _validate(spec: ServiceSpec) -> None:
-    errors: dict[str, list[str]] = {}
-    workload = WORKLOADS.get(spec.workload)
-    if workload is None or "inference" not in workload.kinds:
-        errors["workload"] = [f"Unknown built-in workload '{spec.workload}'; GET /api/v1/workloads/ lists them."]
+    errors: dict[str, object] = {}
+    if spec.image or spec.command is not None:
+        _validate_image(spec, errors)
+    else:
+        workload = WORKLOADS.get(spec.workload)
+        if workload is None or "inference" not in workload.kinds:
+            errors["workload"] = [f"Unknown built-in workload '{spec.workload}'; GET /api/v1/workloads/ lists "
+                                  "them, or give an image and a command."]
+        for name in ("env", "secrets"):
+            if getattr(spec, name):
+                errors[name] = ["Only for a service from an image (give image and command)."]
     preset = PRESETS.get(spec.preset)
     if preset is None or preset.kind != "inference":
         errors["preset"] = [f"'{spec.preset}' is not an inference preset (infer-fp32, infer-fp16, infer-bf16, "
@@ -113,6 +149,7 @@ def service_create(*, user: AbstractBaseUser, spec: ServiceSpec) -> InferenceSer
             max_replicas=spec.max_replicas, target_p95_ms=spec.target_p95_ms,
             target_rps_per_replica=spec.target_rps_per_replica, max_batch=spec.max_batch,
             max_wait_ms=spec.max_wait_ms, batching=spec.batching, desired_replicas=spec.min_replicas or 1,
+            image=spec.image, command=spec.command or [], env=spec.env or {}, secrets=spec.secrets or [],
         )
         _event(service, "created", f"created by {user.get_username()} with {service.desired_replicas} replica(s)")
         for _ in range(service.desired_replicas):
@@ -161,12 +198,15 @@ def _event(service: InferenceService, kind: str, reason: str, **data: Any) -> No
 
 
 def _start_replica(service: InferenceService, reason: str) -> ServiceReplica:
+    if service.image:  # the user's server behind the agent's replica gate: no batching of ours
+        serve: dict[str, Any] = {"command": list(service.command)}
+    else:
+        serve = {"workload": service.workload, "checkpoint": service.checkpoint, "max_batch": service.max_batch,
+                 "max_wait_ms": service.max_wait_ms, "batching": service.batching}
     spec = JobSpec(
         name=f"{service.name}-replica", kind=Job.Kind.INFERENCE, gpus=service.gpus_per_replica, team=service.team.slug,
         preset=service.preset, time_limit_minutes=settings.JOBS_MAX_TIME_LIMIT_MINUTES, max_retries=3,
-        workload={"serve": {"workload": service.workload, "checkpoint": service.checkpoint,
-                            "max_batch": service.max_batch, "max_wait_ms": service.max_wait_ms,
-                            "batching": service.batching}},
+        workload={"serve": serve}, image=service.image, env=service.env or None, secrets=service.secrets or None,
     )
     job = job_submit(user=service.owner, spec=spec, replica=True, service_group=f"service:{service.pk}")
     replica = ServiceReplica.objects.create(service=service, job=job)

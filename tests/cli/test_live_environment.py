@@ -93,3 +93,26 @@ def test_a_member_may_not_create_a_secret(console, gpuctl):
     result = gpuctl("secret", "create", "X", "--team", "vision", stdin="v")
     assert result.code == 1
     assert "permission denied" in result.err
+
+
+def test_service_create_from_an_image_with_env_secret_and_argv(console, gpuctl, world):
+    from apps.accounts.secrets import secret_create
+    from apps.serving.models import InferenceService
+
+    secret_create(team=world.vision, name="HF_TOKEN", value="hf-value-0123456789", actor=world.manager)
+    result = gpuctl("service", "create", "own", "--team", "vision", "--image", "localhost/server:1", "--env",
+                    "MODEL=small", "--secret", "HF_TOKEN", "--max", "2", "--target-rps", "5", "--json", "--",
+                    "python3", "/srv/server.py", "--port", "8080")
+    assert result.code == 0, result.err
+    service = json.loads(result.out)
+    assert service["image"] == "localhost/server:1" and service["workload"] == ""
+    assert service["command"] == ["python3", "/srv/server.py", "--port", "8080"]
+    assert service["env"] == {"MODEL": "small"} and service["secrets"] == ["HF_TOKEN"]
+    shown = gpuctl("service", "show", "vision/own")
+    assert "localhost/server:1: python3 /srv/server.py --port 8080" in shown.out
+    missing = gpuctl("service", "create", "other", "--team", "vision", "--image", "localhost/server:1")
+    assert missing.code != 0 and "command" in missing.err
+    both = gpuctl("service", "create", "other", "--team", "vision", "--workload", "mlp-digits", "--image", "x:1",
+                  "--", "serve")
+    assert both.code != 0 and "not both" in both.err
+    assert InferenceService.objects.count() == 1

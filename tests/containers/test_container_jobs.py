@@ -13,10 +13,19 @@ import tarfile
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.containers.conftest import JOB_UIDS, Agent, Console
-from workers.protocol import CODE_PATH, CONTAINER_HOME, JOB_CODE_PATH, CodeSnapshot, MountSpec
+from tests.containers.service_server import SERVER
+from workers.protocol import (
+    CODE_PATH,
+    CONTAINER_HOME,
+    JOB_CODE_PATH,
+    REPLICA_SECRET_HEADER,
+    CodeSnapshot,
+    MountSpec,
+)
 
 PROGRESS_SCRIPT = (
     "import json, os\n"
@@ -402,3 +411,39 @@ def test_a_hostile_job_in_its_container_reaches_nothing_of_the_host(agent: Agent
         assert f"refused {what} " in log, log
     pids = eval(re.search(r"^pids (\[.*\])$", log, re.M).group(1))  # noqa: S307 - a list of ints it printed
     assert pids[0] == 1 and len(pids) <= 3  # its own PID namespace: catatonit, the job (and its listing)
+
+
+def test_a_replica_from_an_image_serves_only_through_its_gate(agent: Agent, console: Console,
+                                                              base_image: str) -> None:
+    secret = "replica-secret-0123456789"
+    dispatch = agent.dispatch(base_image, [], kind="inference", replica_secret=secret,
+                              workload={"serve": {"command": ["python3", "-c", SERVER]}},
+                              container={"env": {"MODEL": "tiny"}})
+    assert agent.runner.start(dispatch) == "started"
+
+    def announced() -> dict | None:
+        return next((p for p in console.progress.get(dispatch.job_id, []) if p.get("type") == "serving"), None)
+
+    console.wait(lambda: announced() or console.final(dispatch.job_id), timeout=120,
+                 what="the gate to announce the server")
+    serving = announced()
+    assert serving is not None, console.log(dispatch.job_id)
+    url = f"http://127.0.0.1:{serving['port']}"
+    answer = httpx.post(f"{url}/predict", json={"inputs": [[1, 2], [3]]},
+                        headers={REPLICA_SECRET_HEADER: secret}, timeout=10)
+    assert answer.status_code == 200 and answer.json() == {"outputs": [3, 3], "model": "tiny",
+                                                           "secret_seen": False}
+    assert httpx.post(f"{url}/predict", json={"inputs": [[1]]}, timeout=10).status_code == 401
+    assert httpx.get(f"{url}/health", headers={REPLICA_SECRET_HEADER: secret}, timeout=10).json() == {"ready": True}
+    stats = httpx.get(f"{url}/stats", headers={REPLICA_SECRET_HEADER: secret}, timeout=10).json()
+    assert stats["requests"] == 1 and stats["errors"] == 0 and stats["latency_ms"]["p95"] is not None
+    (name,) = agent.containers()
+    network = subprocess.run(["podman", "inspect", "--format", "{{.HostConfig.NetworkMode}}", name],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert network == "none"  # the server is reached through the gate alone, inside its namespace
+    gate = [pid for pid in job_processes() if b"workers.agent.replica_gate" in Path(f"/proc/{pid}/cmdline")
+            .read_bytes()]
+    assert gate, "the gate serves under the job's uid, not root"
+    agent.runner.stop(dispatch.job_id, dispatch.attempt, "service scaled down")
+    assert console.wait_final(dispatch.job_id)["state"] == "stopped"
+    assert agent.containers() == [] and job_processes() == []

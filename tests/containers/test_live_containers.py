@@ -1,5 +1,6 @@
 """The acceptance path end to end: a real console, Celery worker and a podman agent; a user's own PyTorch
-script from a local directory submitted with `gpuctl submit --code . --image …` and a team secret."""
+script from a local directory submitted with `gpuctl submit --code . --image …` and a team secret; a service from a
+user's image answering through the gateway and scaling."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.containers.conftest import oci_runtime
+from tests.containers.service_server import SERVER
 from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,7 +45,8 @@ print("key", os.environ["WANDB_API_KEY"], "in", os.getcwd(), "torch", torch.__ve
 @pytest.fixture(scope="module")
 def cluster(podman: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
     live = LiveCluster(tmp_path_factory.mktemp("containers"), agents={HOST: "2xH200"},
-                       extra_env={"GPU_AGENT_RUNTIME": "podman", "GPU_AGENT_OCI_RUNTIME": oci_runtime()})
+                       extra_env={"GPU_AGENT_RUNTIME": "podman", "GPU_AGENT_OCI_RUNTIME": oci_runtime(),
+                                  "CONSOLE_SERVING_RECONCILE_S": "1"})
     try:
         live.start()
         create_team(live.admin(), "ctr", 4)
@@ -125,3 +130,55 @@ def test_kill_9_of_the_agent_leaves_no_container_and_a_restarted_agent_runs_agai
     cluster.wait_for(lambda: cluster.job(job["id"])["state"] in {"cancelled", "failed"}, timeout=120,
                      what="the job to end")
     cluster.wait_for(lambda: not containers_of(HOST), timeout=60, what="no container left")
+
+
+def test_a_service_from_a_user_image_answers_through_the_gateway_and_scales(cluster: LiveCluster,
+                                                                            base_image: str) -> None:
+    admin = cluster.admin()
+    created = admin.post("/api/v1/services/", json={
+        "team": "ctr", "name": "own-server", "image": base_image, "command": ["python3", "-c", SERVER],
+        "env": {"MODEL": "sums"}, "min_replicas": 1, "max_replicas": 2, "target_rps_per_replica": 2})
+    assert created.status_code == 201, created.text
+    service = created.json()
+
+    def detail() -> dict:
+        return admin.get(f"/api/v1/services/{service['id']}/").json()
+
+    cluster.wait_for(lambda: detail()["stats"]["ready"] >= 1, timeout=120, what="the first replica to be ready")
+    gateway = httpx.Client(base_url=cluster.url, headers=admin.headers, timeout=30)
+    answer = gateway.post(service["endpoint"], json={"inputs": [[1, 2], [3]]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"outputs": [3, 3], "model": "sums", "secret_seen": False}
+    first = int(answer.headers["X-Replica-Job"])
+    assert cluster.job(first)["runtime_info"]["backend"] == "podman"
+
+    # Load past 2 req/s per replica: the autoscaler adds a replica, and the gateway sends it requests too.
+    stop, failures, answered_by = threading.Event(), [], set()
+
+    def load() -> None:
+        with httpx.Client(base_url=cluster.url, headers=admin.headers, timeout=30) as client:
+            while not stop.is_set():
+                response = client.post(service["endpoint"], json={"inputs": [[1, 1]]})
+                if response.status_code == 200:
+                    answered_by.add(int(response.headers["X-Replica-Job"]))
+                else:
+                    failures.append(response.status_code)
+
+    workers = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        cluster.wait_for(lambda: detail()["desired_replicas"] == 2, timeout=90, what="a scale-up under load")
+        cluster.wait_for(lambda: detail()["stats"]["ready"] == 2, timeout=120, what="the second replica to be ready")
+        cluster.wait_for(lambda: answered_by - {first}, timeout=60, what="the new replica to answer")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=30)
+    assert failures == []
+    events = admin.get(f"/api/v1/services/{service['id']}/events/").json()["results"]
+    assert any(e["kind"] == "scale_up" and "req/s per replica > target 2.0" in e["reason"] for e in events)
+
+    assert admin.delete(f"/api/v1/services/{service['id']}/").status_code == 204
+    cluster.wait_for(lambda: not containers_of(HOST), timeout=60, what="the replicas' containers to go")
+    assert all(cluster.job(job)["state"] in {"stopped", "cancelled", "succeeded", "failed"} for job in answered_by)

@@ -29,7 +29,7 @@ FULL = JobEnvironment(
     job_id="42", attempt=3, preset="ddp", max_steps=100, progress_file=Path("/w/progress.jsonl"),
     checkpoint_dir=Path("/a/42/checkpoints"), checkpoint_every=10, output_dir=Path("/a/42/outputs"),
     model_path=Path("/m/model.pt"), device="cpu", visible_devices=("0", "1"), api_url="http://c/api/v1/job/",
-    job_token="tok", replica_secret="s" * 32, gpu_memory_limit_mb=4096, gpu_memory_fraction=0.3333)
+    job_token="tok", replica_secret="s" * 32, gpu_memory_limit_mb=4096, gpu_memory_fraction=0.3333, serve_port=8080)
 
 
 def test_the_environment_round_trips_and_names_only_its_own_variables() -> None:

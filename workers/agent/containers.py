@@ -45,6 +45,8 @@ from workers.protocol import (
     CONTAINER_OUTPUTS,
     JOB_ENV_VARIABLES,
     PROGRESS_FILE_NAME,
+    REPLICA_SECRET_ENV,
+    REPLICA_SERVER_PORT,
     RUNTIME_MOUNT_PATH,
     Dispatch,
     ImageRecord,
@@ -70,6 +72,15 @@ RESERVED_TARGETS = ("/", "/workspace", RUNTIME_MOUNT_PATH, "/proc", "/sys", "/de
 # Variables of the agent's environment a container job gets too (tuning knobs of the collective libraries).
 INHERITED_PREFIXES = ("NCCL_", "GLOO_", "OMP_", "MKL_", "OPENBLAS_")
 NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+# A gated replica's files in its attempt's folder (the agent's): the container's pid, the gate's serving record.
+GATE_PIDFILE = "container.pid"
+GATE_PROGRESS = "replica-gate.jsonl"
+
+
+def gated(dispatch: Dispatch) -> bool:
+    """Whether the job is a replica of a service from a user's image: its own server behind the replica gate."""
+    serve = dispatch.workload.get("serve")
+    return isinstance(serve, dict) and "command" in serve
 
 
 class ContainerError(Exception):
@@ -327,9 +338,12 @@ class ContainerRuntime:
         env.update(HOME=CONTAINER_HOME, PYTHONUNBUFFERED="1",
                    PYTHONPATH=":".join(filter(None, [spec.env.get("PYTHONPATH", ""), RUNTIME_MOUNT_PATH])))
         count = len(job.dispatch.gpu_indices)
-        env.update(replace(runner.job_environment(job), progress_file=Path(CONTAINER_HOME) / PROGRESS_FILE_NAME,
-                           checkpoint_dir=Path(CONTAINER_CHECKPOINTS), output_dir=Path(CONTAINER_OUTPUTS),
-                           visible_devices=tuple(str(i) for i in range(count))).to_env())
+        own = replace(runner.job_environment(job), progress_file=Path(CONTAINER_HOME) / PROGRESS_FILE_NAME,
+                      checkpoint_dir=Path(CONTAINER_CHECKPOINTS), output_dir=Path(CONTAINER_OUTPUTS),
+                      visible_devices=tuple(str(i) for i in range(count)))
+        if gated(job.dispatch):  # the gate holds the replica's secret; the server only learns its port
+            own = replace(own, replica_secret="", serve_port=REPLICA_SERVER_PORT)
+        env.update(own.to_env())
         env.update({k: v for k, v in spec.secrets.items() if k not in JOB_ENV_VARIABLES})
         return env
 
@@ -339,7 +353,9 @@ class ContainerRuntime:
         limits = job.container.limits
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         nproc = min(limits.pids or 4096, resource.getrlimit(resource.RLIMIT_NPROC)[0])
-        network = "host" if dispatch.rendezvous is not None or "serve" in dispatch.workload else "none"
+        # A gated replica's server has no network: only its gate reaches it, inside its network namespace.
+        network = ("none" if gated(dispatch) else
+                   "host" if dispatch.rendezvous is not None or "serve" in dispatch.workload else "none")
         argv = [self.binary, *(["--runtime", self.oci_runtime] if self.oci_runtime else []), "run",
                 "--name", job.container.name, "--label", f"{CONTAINER_LABEL_HOST}={dispatch.host}",
                 "--label", f"{CONTAINER_LABEL_JOB}={dispatch.job_id}", "--init", "--pull", "never",
@@ -349,6 +365,8 @@ class ContainerRuntime:
                 "--env-file", env_path, "--workdir", CODE_PATH if spec.code is not None else CONTAINER_HOME]
         if self.kind == "podman":
             argv += ["--log-driver", "passthrough"]  # the job writes straight into the agent's pipe
+        if gated(dispatch):
+            argv += ["--pidfile", str(job.workdir / GATE_PIDFILE)]
         if job.cgroup is not None:
             argv += ["--cgroup-parent", "/" + str(next(iter(job.cgroup.dirs.values())).relative_to(
                 self.cgroups.layout.mounts.get("memory") or self.cgroups.layout.root))]
@@ -395,7 +413,21 @@ class ContainerRuntime:
         shim = [runner.python, "-m", "workers.agent.shim", "--grace", str(runner.grace_s),
                 "--stop-file", str(job.workdir / "stop-grace"), "--orphan-cleanup", cleanup, "--"]
         host_env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "TMPDIR")}
+        if gated(job.dispatch):
+            run = self.gate_argv(job, runner) + run
+            host_env[REPLICA_SECRET_ENV] = job.dispatch.replica_secret  # the gate's alone: it drops it at once
+            job.progress_file = job.workdir / GATE_PROGRESS
         return [*shim, *run], host_env, fd
+
+    def gate_argv(self, job: JobProcess, runner: JobRunner) -> list[str]:
+        """The replica gate's argv before `podman run`: on the host's registered address, under the job's uid."""
+        assert job.user is not None
+        if self.kind != "podman":
+            raise ContainerError("a service from an image runs on podman hosts only (its gate reads the "
+                                 "container's pid from podman's --pidfile)")
+        return [runner.python, "-m", "workers.agent.replica_gate", "--listen", runner.address or "127.0.0.1",
+                "--pidfile", str(job.workdir / GATE_PIDFILE), "--progress", str(job.workdir / GATE_PROGRESS),
+                "--uid", str(job.user.uid), "--gid", str(job.user.gid), "--"]
 
     def cleanup_argv(self, name: str) -> list[str]:
         return [self.binary, "rm", "-f", *(["-t", "0"] if self.kind == "podman" else []), name]

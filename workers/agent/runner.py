@@ -237,6 +237,7 @@ class JobProcess:
     checkpoint: Path | None = None
     cgroup: JobCgroup | None = None  # its memory, CPU and process limits (workers/agent/cgroups.py)
     container: ContainerJob | None = None  # a job in an image (workers/agent/containers.py)
+    progress_file: Path | None = None  # where its progress is read, if not its home's progress file
 
     def __post_init__(self) -> None:
         if self.home is None:
@@ -633,7 +634,8 @@ class JobRunner:
         pending_size = 0
         last_flush = last_progress = time.monotonic()
         assert job.home is not None
-        progress_file = job.home / PROGRESS_FILE_NAME
+        # A gated replica's serving record comes from its gate, in a file of the agent's the job cannot write.
+        progress_file = job.progress_file or job.home / PROGRESS_FILE_NAME
         progress_offset = 0
         room = self.log_max_chars  # characters still kept; past it the output is read and dropped
         mask = job.container.mask if job.container is not None else None  # secret values never reach the log
@@ -733,6 +735,10 @@ class JobRunner:
             if not dispatch.replica_secret:
                 # Without one the replica would answer anyone who finds its port, past the gateway's checks.
                 raise ValueError("the dispatch of this inference replica carries no replica secret")
+            if "command" in serve:  # a service's own server in its image, behind the replica gate (containers.py)
+                if not dispatch.container.image:
+                    raise ValueError("a replica with a command of its own runs only in its image")
+                return [str(arg) for arg in serve["command"]]
             # Bound to this host's registered address only (the console reaches it there), never all interfaces.
             host = ["--host", self.address] if self.address else []
             argv = [self.python, "-m", "workers.runtime.serve", "--workload", str(serve["workload"]), *host,

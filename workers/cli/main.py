@@ -478,12 +478,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    """Like parse_args, but `submit ... -- ARGV...` keeps ARGV (options included) as the job's command."""
+    """Like parse_args, but `submit ... -- ARGV...` keeps ARGV (options included) as the job's command, and
+    `service create ... -- ARGV...` as the service's server command."""
     argv = list(argv)
     if "--" in argv:
         split = argv.index("--")
         args = parser.parse_args(argv[:split])
-        if args.command == "submit":
+        if args.command == "submit" or (args.command == "service" and args.service_command == "create"):
             args.argv = argv[split + 1:]
             if not args.argv:
                 parser.error("nothing after --: give the command to run")
