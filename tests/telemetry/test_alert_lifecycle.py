@@ -282,3 +282,29 @@ def test_an_ordinary_preemption_still_requeues(world, sim_host):
     )
     job.refresh_from_db()
     assert job.state == "queued" and job.preemption_count == 1
+
+
+def test_metrics_export_a_silent_hosts_gpus_as_stale_without_readings(world, sim_host, settings):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    host, client = sim_host
+    run_job_on_sim(world)
+    send(client, [gpu_sample(0, util=77.0), gpu_sample(1, util=5.0)])
+    settings.METRICS_TOKEN = "metrics-secret-for-tests"
+    scraper = Client(HTTP_AUTHORIZATION="Bearer metrics-secret-for-tests")
+
+    def scrape() -> dict:
+        text = scraper.get("/metrics").content.decode()
+        return {f.name: f for f in text_string_to_metric_families(text)}
+
+    def sim_t(family) -> dict[str, float]:
+        return {s.labels["gpu"]: s.value for s in family.samples if s.labels["host"] == "sim-t"}
+
+    families = scrape()
+    assert sim_t(families["DCGM_FI_DEV_GPU_UTIL"]) == {"0": 77.0, "1": 5.0}
+    assert sim_t(families["console_gpu_stale"]) == {"0": 0.0, "1": 0.0}
+    silence(host, settings.HEARTBEAT_TIMEOUT_S + 1)
+    families = scrape()
+    assert sim_t(families["DCGM_FI_DEV_GPU_UTIL"]) == {}
+    assert sim_t(families["console_gpu_stale"]) == {"0": 1.0, "1": 1.0}
+    assert {s.labels["status"]: s.value for s in families["console_hosts_status"].samples}["stale"] == 1.0
