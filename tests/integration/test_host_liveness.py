@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import websockets
 from websockets.sync.client import connect
 
-from tests.integration.live import LiveCluster
+from tests.integration.live import LiveCluster, create_team
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 VICTIM, WITNESS = "hl-a", "hl-b"
+SLEEPER = [sys.executable, str(Path(__file__).parent / "scripts" / "show_env.py"), "600"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,11 @@ def cluster(tmp_path_factory):
     live = LiveCluster(
         tmp_path_factory.mktemp("liveness"),
         agents={VICTIM: "2xH200", WITNESS: "1xH200"},
-        extra_env={"CONSOLE_HEARTBEAT_TIMEOUT_S": "15", "CONSOLE_REAPER_INTERVAL_S": "1"},
+        extra_env={
+            "CONSOLE_HEARTBEAT_TIMEOUT_S": "15",
+            "CONSOLE_REAPER_INTERVAL_S": "1",
+            "CONSOLE_IDLE_RELEASE_GRACE_S": "5",
+        },
     )
     try:
         live.start()
@@ -198,3 +205,36 @@ def test_kill_9_and_restart_of_an_agent_shows_down_then_up_and_resolves_its_aler
         assert states[0] == "firing" and states[-1] == "resolved", states
     finally:
         stream.stop()
+
+
+def test_an_idle_job_is_warned_then_checkpointed_and_released(cluster):
+    """warn -> grace (CONSOLE_IDLE_RELEASE_GRACE_S, 5 s here) -> checkpoint -> release, each an event on the job."""
+    admin = cluster.admin()
+    create_team(admin, "it", 4)
+    rule = next(r for r in admin.get("/api/v1/alert-rules/").json()["results"] if r["kind"] == "job_idle")
+    changed = admin.patch(
+        f"/api/v1/alert-rules/{rule['id']}/", json={"duration_s": 3, "action": "release_job"}
+    )
+    assert changed.status_code == 200, changed.text
+    job = cluster.submit(gpus=1, workload={"command": SLEEPER})
+    cluster.wait_state(job["id"], {"running"})
+    done = cluster.wait_state(job["id"], {"cancelled", "failed", "succeeded", "queued"}, timeout=180)
+    events = [e["reason"] for e in admin.get(f"/api/v1/jobs/{job['id']}/events/").json()["results"]]
+    assert done["state"] == "cancelled", (done, events)
+    warned = next(i for i, reason in enumerate(events) if reason.startswith("warning: job"))
+    asked = next(
+        i for i, reason in enumerate(events) if reason.startswith("checkpoint requested before release")
+    )
+    released = next(
+        i for i, reason in enumerate(events) if reason.startswith("released by policy after its checkpoint")
+    )
+    assert warned < asked < released == len(events) - 1, events
+    assert "checkpointed and released in 5 s unless its GPUs get busy" in events[warned]
+    [alert] = [a for a in admin.get("/api/v1/alerts/").json()["results"] if a["job"] == job["id"]]
+    assert "released in 5 s" in alert["message"]
+    cluster.wait_for(
+        lambda: admin.get(f"/api/v1/alerts/{alert['id']}/").json()["state"] == "resolved",
+        timeout=30,
+        what="the idle alert to resolve once the job is released",
+    )
+    admin.patch(f"/api/v1/alert-rules/{rule['id']}/", json={"duration_s": 900, "action": "none"})
