@@ -325,7 +325,7 @@ def resolve_alerts_of_finished_jobs() -> int:
 
     open_job_alerts = Alert.objects.exclude(state=Alert.State.RESOLVED).filter(subject__startswith="job:").filter(
         Q(job__state__in=[*Job.FINAL_STATES, Job.State.QUEUED]) | Q(job__placed_at__gt=F("started_at")))
-    return sum(resolve(rule_id, subject, "job ended") for rule_id, subject in
+    return sum(resolve(rule_id, subject, "the run it was about is over") for rule_id, subject in
                open_job_alerts.values_list("rule_id", "subject"))
 
 
