@@ -24,6 +24,7 @@ from console.env import (
     env_networks,
     env_str,
 )
+from workers import protocol as _protocol
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # templates/ and static/ sit beside the code in a checkout; a non-editable install puts them under share/.
@@ -192,6 +193,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 SCHEDULER_PASS_INTERVAL_S = env_int("CONSOLE_SCHEDULER_INTERVAL_S", 5, minimum=1)
 REAPER_INTERVAL_S = env_int("CONSOLE_REAPER_INTERVAL_S", 10, minimum=1)
+# A host whose last heartbeat is older than this is marked down (its jobs requeued or failed, its alert fired), and
+# its GPUs show as stale in the live frames and pages. Agents send one every 5 s
+# (workers.protocol.HEARTBEAT_INTERVAL_S), so it is at least 10.
+HEARTBEAT_TIMEOUT_S = env_int("CONSOLE_HEARTBEAT_TIMEOUT_S", int(_protocol.HEARTBEAT_TIMEOUT_S),
+                              minimum=int(2 * _protocol.HEARTBEAT_INTERVAL_S))
+# Idle release (an alert rule of kind job_idle with the action release_job): the owner is warned when the rule
+# fires; if the job's GPUs are still idle this many seconds later, it is checkpointed, then released (cancelled).
+IDLE_RELEASE_GRACE_S = env_int("CONSOLE_IDLE_RELEASE_GRACE_S", 600, minimum=0)
 # A job placed this long ago whose process never started has lost its dispatch message (say, the broker
 # restarted without persistence): it is sent again. The agent ignores a copy of a job it already runs.
 JOBS_REDISPATCH_AFTER_S = env_int("CONSOLE_REDISPATCH_AFTER_S", 60, minimum=5)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import factory
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from apps.accounts.models import Membership, Role, Team
 from apps.cluster.models import GPU, Host
@@ -53,6 +54,7 @@ class HostFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"gpu-host-{n}")
     state = Host.State.UP
     simulated = True
+    last_heartbeat = factory.LazyFunction(timezone.now)  # up and heard from: not stale (telemetry/freshness.py)
 
 
 def add_gpus(host: Host, count: int, gpu_type: str = "H200", memory_mb: int = 143_771) -> list[GPU]:

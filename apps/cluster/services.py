@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
@@ -16,7 +17,6 @@ from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from workers.protocol import (
     CONTAINER_RUNTIMES,
-    HEARTBEAT_TIMEOUT_S,
     PROTOCOL_VERSION,
     ImageRecord,
     valid_address,
@@ -142,7 +142,7 @@ def host_set_draining(host: Host, draining: bool) -> None:
 def hosts_mark_lost(now=None) -> list[Host]:
     """Mark down every host whose heartbeats stopped; returns the hosts this call marked."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=HEARTBEAT_TIMEOUT_S)
+    cutoff = now - timedelta(seconds=settings.HEARTBEAT_TIMEOUT_S)
     lost = []
     for host in Host.objects.filter(state__in=[Host.State.UP, Host.State.DRAINING], last_heartbeat__lt=cutoff):
         if Host.objects.filter(pk=host.pk, state=host.state, last_heartbeat__lt=cutoff).update(state=Host.State.DOWN):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -13,7 +14,9 @@ from apps.accounts import access
 from apps.accounts.access import Action, AnyUser
 from apps.cluster.models import GPU, Host
 from apps.jobs.models import Job, JobAllocation
+from apps.telemetry.freshness import gpu_status, host_status
 from apps.telemetry.models import Alert, GpuSampleBucket
+from apps.telemetry.services import latest_frames
 
 SPARKLINE_SECONDS = 5 * 60
 
@@ -30,7 +33,8 @@ class GpuCell:
     memory_total_mb: int | None = None
     temperature: float | None = None
     power_w: float | None = None
-    down: bool = False
+    host_status: str = "up"  # up, draining, stale or down (apps/telemetry/freshness.py)
+    stale: bool = False  # nothing live backs the cell: no readings, no job shown
 
     @property
     def busy(self) -> bool:
@@ -38,15 +42,20 @@ class GpuCell:
 
     @property
     def status(self) -> str:
-        return "down" if self.down else ("busy" if self.busy else "idle")
+        """busy, idle, stale or down: what the live stream's entry for the GPU says (freshness.gpu_status)."""
+        return gpu_status({"host_status": self.host_status, "health": None if self.stale else self.gpu.health,
+                           "stale": self.stale,
+                           "job": self.job_id, "other_team": self.other_team})
 
 
 @dataclass
 class Overview:
-    hosts: list[tuple[Host, list[GpuCell]]]
+    hosts: list[tuple[Host, str, list[GpuCell]]]  # each host with its status and its GPUs
     busy: int = 0
     idle: int = 0
+    stale: int = 0
     down: int = 0
+    host_counts: dict[str, int] = field(default_factory=dict)  # hosts up, draining, stale, down
     queue: dict[str, int] = field(default_factory=dict)
     active_alerts: int = 0
     history: dict[str, list[list[Any]]] = field(default_factory=dict)  # uuid -> [[ts, util], ...]
@@ -85,31 +94,31 @@ def cluster_overview(user: AnyUser) -> Overview:
                 points[-1][1] = row["utilization_avg"]
             continue
         points.append([ts, row["utilization_avg"]])
-    overview = Overview(hosts=[])
+    overview = Overview(hosts=[], host_counts=dict.fromkeys(("up", "draining", "stale", "down"), 0))
+    frames = latest_frames([host.name for host in hosts])
+    now = time.time()
     for host in hosts:
+        status = host_status(host.state, host.last_heartbeat, frames.get(host.name), now)
+        overview.host_counts[status] += 1
+        stale = status in ("stale", "down")
         cells = []
         for gpu in host.gpus.all():  # prefetched above
-            jobs = on_gpu.get(gpu.pk, [])
+            jobs = [] if stale else on_gpu.get(gpu.pk, [])
             seen = access.visible_gpu({"job": jobs[0]["job"] if jobs else None,
                                        "team": jobs[0]["team"] if jobs else None, "jobs": jobs}, viewer)
-            row = latest.get(gpu.pk, {})
+            reading: dict[str, Any] = {} if stale else dict(latest.get(gpu.pk, {}))
             cell = GpuCell(
                 gpu=gpu, host=host, job_id=seen["job"], team=seen["team"], other_team=seen.get("other_team", False),
-                utilization=row.get("utilization_avg"), memory_used_mb=row.get("memory_used_max_mb"),
-                memory_total_mb=row.get("memory_total_mb") or gpu.memory_mb, temperature=row.get("temperature_max"),
-                power_w=row.get("power_avg_w"),
-                down=host.state != Host.State.UP or gpu.health == GPU.Health.FAULTY,
+                utilization=reading.get("utilization_avg"), memory_used_mb=reading.get("memory_used_max_mb"),
+                memory_total_mb=reading.get("memory_total_mb") or gpu.memory_mb,
+                temperature=reading.get("temperature_max"), power_w=reading.get("power_avg_w"), host_status=status,
+                stale=stale,
             )
-            if cell.down:
-                overview.down += 1
-            elif cell.busy:
-                overview.busy += 1
-            else:
-                overview.idle += 1
-            if gpu.pk in history:
+            setattr(overview, cell.status, getattr(overview, cell.status) + 1)
+            if gpu.pk in history and not stale:
                 overview.history[gpu.uuid] = history[gpu.pk]
             cells.append(cell)
-        overview.hosts.append((host, cells))
+        overview.hosts.append((host, status, cells))
     overview.queue = access.visible_queue(dict(
         Job.objects.filter(state=Job.State.QUEUED).values_list("team__slug").annotate(n=Count("id")).order_by(
             "team__slug")

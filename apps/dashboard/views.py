@@ -78,7 +78,8 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/home.html", {
         "overview": overview,
         "usages": [team_usage(team) for team in teams],
-        "gpu_total": overview.busy + overview.idle + overview.down,
+        "gpu_total": overview.busy + overview.idle + overview.stale + overview.down,
+        "host_total": len(overview.hosts),
         "no_team": not teams,
     })
 

@@ -12,7 +12,14 @@ from django.utils import timezone
 from apps.cluster.models import Host
 from apps.core.errors import WrongState
 from apps.jobs.dispatch import job_hosts, send_stop_after_commit
-from apps.jobs.lifecycle import finish, job_host_lost, lock_job, preempt_and_requeue, transition
+from apps.jobs.lifecycle import (
+    finish,
+    job_host_lost,
+    lock_job,
+    preempt_and_requeue,
+    release_requested,
+    transition,
+)
 from apps.jobs.models import Job, JobAllocation, JobLogChunk
 from workers.protocol import JobStatus, ServingProgress, TrainingProgress, decode_progress_message
 
@@ -68,7 +75,14 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
         results[node] = {"state": status.state, "exit_code": status.exit_code, "reason": status.reason,
                          "host": host.name}
         Job.objects.filter(pk=job.pk).update(node_results=results)
-        if status.state == "preempted":
+        if status.state == "preempted" and release_requested(job):
+            hosts = job_hosts(job)
+            transition(job, State.CANCELLED, f"released by policy after its checkpoint on {host.name}: "
+                       f"{status.reason or 'checkpoint saved'}", at=now, finished_at=now, exit_code=status.exit_code)
+            others = [name for name in hosts if name != host.name]
+            if others:
+                send_stop_after_commit(job.pk, job.attempts, others, "the job was released")
+        elif status.state == "preempted":
             preempt_and_requeue(job, f"preempted on {host.name}: {status.reason or 'checkpoint saved'}", at=now)
         elif status.state == "failed":
             hosts = job_hosts(job)

@@ -260,6 +260,45 @@ def job_preempt(job_id: int, reason: str) -> bool:
         return True
 
 
+def job_note(job_id: int, reason: str, *, data: dict[str, Any] | None = None) -> bool:
+    """Tell the job's owner something that changes no state (a warning, say): an event on the job."""
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None:
+            return False
+        note(job, reason, data=data)
+        return True
+
+
+RELEASE_MARK = "release_attempt"  # in the data of the note that asks a running attempt to checkpoint for release
+
+
+def job_checkpoint_and_release(job_id: int, reason: str) -> bool:
+    """Release a job by policy after it has saved a checkpoint: a running job is asked to stop as a preemption
+    (SIGTERM and the preemption's longer grace, so the runtime writes its checkpoint) and keeps its GPUs until its
+    agent reports it stopped; it then ends cancelled (`agent_reports`), not requeued. A placed job that has not
+    started has nothing to save and is released at once. False when there is nothing (more) to do.
+    """
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.state not in Job.HOLDING_STATES:
+            return False
+        if job.state == State.PLACED:
+            return job_release(job_id, reason)
+        now = timezone.now()
+        if job.preempt_requested_at and now - job.preempt_requested_at < timedelta(seconds=60):
+            return False  # already asked; the agent is checkpointing
+        Job.objects.filter(pk=job.pk).update(preempt_requested_at=now)
+        note(job, f"checkpoint requested before release: {reason}", data={RELEASE_MARK: job.attempts})
+        send_preempt_after_commit(job.pk, job.attempts, job_hosts(job), f"checkpoint before release: {reason}")
+        return True
+
+
+def release_requested(job: Job) -> bool:
+    """Was the current attempt of this (locked) job asked to checkpoint for a release?"""
+    return JobEvent.objects.filter(job=job, to_state="", **{f"data__{RELEASE_MARK}": job.attempts}).exists()
+
+
 def job_release(job_id: int, reason: str) -> bool:
     """Stop a job by policy (no user acts): it gets SIGTERM, so the runtime checkpoints, and ends cancelled."""
     with transaction.atomic():

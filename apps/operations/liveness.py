@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import time
 
+from django.conf import settings
 from django.core.cache import cache
 
 from apps.cluster.models import Host
 from apps.cluster.services import host_heartbeat, hosts_mark_lost
 from apps.jobs.models import Job
 from apps.jobs.services import job_host_lost, jobs_missing_on_host
-from apps.telemetry.alerts import check_hosts
-from workers.protocol import HEARTBEAT_TIMEOUT_S
+from apps.telemetry.alerts import check_hosts, host_heard_from
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +32,11 @@ def reaper_outage_grace(interval_s: float) -> bool:
     now = time.time()
     last_run = cache.get(REAPER_LAST_RUN_KEY)
     if last_run is None or now - last_run > max(3 * interval_s, 15.0):
-        cache.set(REAPER_GRACE_UNTIL_KEY, now + HEARTBEAT_TIMEOUT_S, timeout=int(HEARTBEAT_TIMEOUT_S) + 60)
+        timeout_s = settings.HEARTBEAT_TIMEOUT_S
+        cache.set(REAPER_GRACE_UNTIL_KEY, now + timeout_s, timeout=int(timeout_s) + 60)
         logger.warning("the reaper has not run since %s: hosts get %.0f s to send a heartbeat before they count "
                        "as lost", "the start" if last_run is None else f"{now - last_run:.0f} s ago",
-                       HEARTBEAT_TIMEOUT_S)
+                       timeout_s)
         return True
     grace_until = cache.get(REAPER_GRACE_UNTIL_KEY)
     return grace_until is not None and now < grace_until
@@ -48,8 +49,9 @@ def reaper_completed() -> None:
 def host_heartbeat_received(host: Host, running: list[tuple[int, int]]) -> bool:
     """A heartbeat from `host`'s agent listing the (job id, attempt) pairs it runs. True if the host was down."""
     came_back = host_heartbeat(host)
-    if came_back:
-        check_hosts([], [host])
+    # Whether or not this heartbeat brought the host back (a restarted agent's registration already did): a host
+    # heard from has no missing heartbeats.
+    host_heard_from(host)
     jobs_missing_on_host(host, running)
     return came_back
 
@@ -59,7 +61,7 @@ def jobs_on_lost_hosts() -> list[tuple[int, str]]:
     outcomes = []
     lost = hosts_mark_lost()
     if lost:
-        check_hosts(lost, [])
+        check_hosts()
     for host in lost:
         job_ids = (
             Job.objects.filter(state__in=Job.HOLDING_STATES, allocations__gpu__host=host,

@@ -1,4 +1,5 @@
-"""The reaper: beat's periodic sweep over hosts, stale dispatches and the ledger (the task `jobs.reap`)."""
+"""The reaper: beat's periodic sweep over hosts, stale dispatches, the ledger and the alerts that follow the
+records (the task `jobs.reap`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from django.conf import settings
 
 from apps.jobs.services import jobs_redispatch_stale, ledger_reconcile
 from apps.operations.liveness import jobs_on_lost_hosts, reaper_completed, reaper_outage_grace
-from apps.telemetry.alerts import report_inconsistency
+from apps.telemetry.alerts import report_inconsistency, sweep
 
 
 def ledger_check() -> dict[str, int]:
@@ -23,5 +24,6 @@ def reap() -> dict[str, int]:
     lost = [] if grace else jobs_on_lost_hosts()
     resent = jobs_redispatch_stale(settings.JOBS_REDISPATCH_AFTER_S)
     repaired = ledger_check()
+    alerts = sweep()
     reaper_completed()
-    return {"lost": len(lost), "resent": len(resent), "grace": int(grace), **repaired}
+    return {"lost": len(lost), "resent": len(resent), "grace": int(grace), **repaired, **alerts}

@@ -1,7 +1,9 @@
 """Alert rules over telemetry: conditions held for a duration fire alerts, alerts feed back into the cluster.
 
 A hot GPU is marked so that the scheduler places nothing new on it (and its job can be checkpointed and moved);
-a faulty one (XID) likewise until an admin clears it; an idle job is warned, and released where the rule says.
+a faulty one (XID) likewise until an admin clears it; an idle job is warned, then, after a grace period,
+checkpointed and released where the rule says (idle_release.py). An alert resolves when its condition ends: the
+GPU cools, the host is heard from again, the job's run is over, the service is deleted (`sweep`, each reaper pass).
 Condition start times live in the Django cache, so several ASGI processes agree on them.
 """
 
@@ -19,6 +21,7 @@ from django.utils import timezone
 
 from apps.accounts import access
 from apps.cluster.models import GPU, Host
+from apps.telemetry import idle_release
 from apps.telemetry.models import Alert, AlertRule
 
 logger = logging.getLogger(__name__)
@@ -155,8 +158,11 @@ def _fire_for_gpu(rule: RuleView, host: Host, gpu: dict[str, Any], maps: Any, su
         from apps.jobs.models import Job
 
         team_id = Job.objects.filter(pk=job_id).values_list("team_id", flat=True).first()
-    return fire(rule, subject, _describe(rule, host, gpu, value), value=value, host_id=host.pk,
-                gpu_id=info.gpu_id, job_id=job_id, team_id=team_id)
+    message = _describe(rule, host, gpu, value)
+    if job_id is not None and idle_release.applies(rule, team_id):
+        message += idle_release.warning_suffix()
+    return fire(rule, subject, message, value=value, host_id=host.pk, gpu_id=info.gpu_id, job_id=job_id,
+                team_id=team_id)
 
 
 def fire(rule: RuleView | AlertRule, subject: str, message: str, *, value: float | None = None,
@@ -194,12 +200,9 @@ def _apply_action(rule: RuleView | AlertRule, alert: Alert) -> None:
         from apps.jobs.services import job_preempt
 
         job_preempt(alert.job_id, f"its GPU needs attention: {alert.message}")
-    if alert.job_id and action == AlertRule.Action.RELEASE_JOB:
-        team_ids = rule.team_ids if isinstance(rule, RuleView) else frozenset(rule.teams.values_list("pk", flat=True))
-        if not team_ids or alert.team_id in team_ids:
-            from apps.jobs.services import job_release
-
-            job_release(alert.job_id, f"released by policy: {alert.message}")
+    if alert.job_id and idle_release.applies(rule, alert.team_id):
+        # Only the warning now: the release follows the grace period, if the condition still holds then.
+        idle_release.warn(alert)
 
 
 def fire_xid(host: Host, gpu_id: int, xid: int, ts: float) -> None:
@@ -229,6 +232,7 @@ def resolve(rule_id: int, subject: str, note: str = "") -> int:
                 GPU.objects.filter(pk=alert.gpu_id, health=GPU.Health.HOT,
                                    health_reason__startswith=f"alert {alert.pk}:").update(
                     health=GPU.Health.OK, health_reason="")
+            idle_release.called_off(alert, note)
     rules.open.discard((rule_id, subject))
     if open_alerts:
         logger.info("alert resolved: %s %s", subject, note)
@@ -258,13 +262,37 @@ def resolve_by_hand(alert: Alert, user: Any) -> bool:
 # --- host and job checks run periodically (Celery beat)
 
 
-def check_hosts(lost: list[Host], back: list[Host]) -> None:
-    for rule in rules.of_kind(AlertRule.Kind.HOST_HEARTBEAT):
-        for host in lost:
-            fire(rule, f"host:{host.name}", f"host {host.name} missed heartbeats for {rule.duration_s} s: marked down",
-                 host_id=host.pk)
-        for host in back:
-            resolve(rule.id, f"host:{host.name}", "heartbeats resumed")
+def check_hosts() -> dict[str, int]:
+    """Host heartbeat rules, by the hosts' states now: an alert is open exactly while its host is down after
+    having been heard from (a host whose agent never came is not missing heartbeats). Resolves the alerts of
+    hosts that are back, however they came back (a heartbeat, or the registration of a restarted agent)."""
+    counts = {"fired": 0, "resolved": 0}
+    host_rules = rules.of_kind(AlertRule.Kind.HOST_HEARTBEAT)
+    if not host_rules:
+        return counts
+    now = timezone.now()
+    down = [(pk, name, last) for pk, name, last in Host.objects.filter(
+        state=Host.State.DOWN, last_heartbeat__isnull=False).values_list("pk", "name", "last_heartbeat")
+            if last is not None]
+    for rule in host_rules:
+        for host_id, name, last in down:
+            if (rule.id, f"host:{name}") not in rules.open:
+                silent = (now - last).total_seconds()
+                counts["fired"] += bool(fire(rule, f"host:{name}", f"host {name} missed heartbeats for "
+                                             f"{silent:.0f} s: marked down", host_id=host_id))
+        down_names = {f"host:{name}" for _, name, _ in down}
+        for subject in (Alert.objects.filter(rule_id=rule.id, subject__startswith="host:")
+                        .exclude(state=Alert.State.RESOLVED).values_list("subject", flat=True)):
+            if subject not in down_names:
+                counts["resolved"] += resolve(rule.id, subject, "heartbeats resumed")
+    return counts
+
+
+def host_heard_from(host: Host) -> int:
+    """A heartbeat came from `host`: resolve its missing-heartbeat alert if one is open. Returns alerts resolved."""
+    subject = f"host:{host.name}"
+    return sum(resolve(rule.id, subject, "heartbeats resumed")
+               for rule in rules.of_kind(AlertRule.Kind.HOST_HEARTBEAT) if (rule.id, subject) in rules.open)
 
 
 def check_overrunning_jobs(now: float | None = None) -> int:
@@ -289,12 +317,38 @@ def check_overrunning_jobs(now: float | None = None) -> int:
 
 
 def resolve_alerts_of_finished_jobs() -> int:
+    """Alerts about a job whose run they were about is over: the job ended, went back to the queue, or was placed
+    again since the alert fired (a later attempt, not the one the alert was about)."""
+    from django.db.models import F, Q
+
     from apps.jobs.models import Job
 
-    open_job_alerts = Alert.objects.exclude(state=Alert.State.RESOLVED).filter(
-        job__state__in=[*Job.FINAL_STATES, Job.State.QUEUED], subject__startswith="job:")
-    return sum(resolve(rule_id, subject, "job ended") for rule_id, subject in
+    open_job_alerts = Alert.objects.exclude(state=Alert.State.RESOLVED).filter(subject__startswith="job:").filter(
+        Q(job__state__in=[*Job.FINAL_STATES, Job.State.QUEUED]) | Q(job__placed_at__gt=F("started_at")))
+    return sum(resolve(rule_id, subject, "the run it was about is over") for rule_id, subject in
                open_job_alerts.values_list("rule_id", "subject"))
+
+
+def resolve_alerts_of_deleted_services() -> int:
+    """Service rules' alerts whose service is deleted (or gone): nothing is left to be slow or failing."""
+    from apps.serving.models import InferenceService
+
+    live = {f"service:{pk}" for pk in InferenceService.objects.exclude(state=InferenceService.State.DELETED)
+            .values_list("pk", flat=True)}
+    open_service_alerts = (Alert.objects.exclude(state=Alert.State.RESOLVED).filter(subject__startswith="service:")
+                           .values_list("rule_id", "subject"))
+    return sum(resolve(rule_id, subject, "service deleted") for rule_id, subject in open_service_alerts
+               if subject not in live)
+
+
+def sweep() -> dict[str, int]:
+    """The alert checks that follow the records rather than samples, run by each reaper pass: host alerts by the
+    hosts' states, alerts of runs that are over and of deleted services resolved, idle releases due."""
+    hosts = check_hosts()
+    return {"host_alerts_fired": hosts["fired"], "host_alerts_resolved": hosts["resolved"],
+            "job_alerts_resolved": resolve_alerts_of_finished_jobs(),
+            "service_alerts_resolved": resolve_alerts_of_deleted_services(),
+            "idle_releases": idle_release.release_due()}
 
 
 def _notify_later(alert_id: int) -> None:

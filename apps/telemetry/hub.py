@@ -1,5 +1,8 @@
 """The live hub of one ASGI process: once a second it reads what changed and offers it to this process's sockets.
 
+Each cluster frame has an entry for every GPU the viewer may see, live or marked stale (freshness.py: a host
+down or silent for a heartbeat timeout), the hosts with their status, and the counters of both, which add up.
+
 Telemetry frames come from the cache (written by ingest, in whichever process), job events, log chunks and alerts
 from the database by id (an outbox read), so the hub works the same with the embedded defaults and with Redis and
 several ASGI processes: no event needs to cross processes through the channel layer. Each socket keeps only the
@@ -13,7 +16,7 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,11 +25,12 @@ from django.core.cache import cache
 from django.db.models import Count, Q
 
 from apps.accounts.access import Viewer, visible_gpu, visible_queue
+from apps.telemetry.freshness import cluster_view, gpu_status, host_facts
 
 logger = logging.getLogger(__name__)
 TICK_S = 1.0
 RECHECK_EVERY_TICKS = 10
-HOSTS_EVERY_TICKS = 10
+GPU_STATUSES = ("busy", "idle", "stale", "down")
 EVENT_QUEUE = 200
 
 
@@ -54,7 +58,6 @@ class Hub:
     subscribers: set[Any] = field(default_factory=set)
     task: asyncio.Task | None = None
     outbox: Outbox = field(default_factory=Outbox)
-    host_names: list[str] = field(default_factory=list)
     ticks: int = 0
     progress_sent: dict[int, tuple] = field(default_factory=dict)
 
@@ -68,8 +71,6 @@ class Hub:
         self.subscribers.discard(subscriber)
 
     async def _run(self) -> None:
-        # A hub that stopped with its last subscriber may restart much later: its host list is then stale.
-        self.host_names = []
         await sync_to_async(self._start_outbox)()
         while self.subscribers:
             started = time.monotonic()
@@ -95,13 +96,15 @@ class Hub:
 
     async def tick(self) -> None:
         self.ticks += 1
-        if not self.host_names or self.ticks % HOSTS_EVERY_TICKS == 0:
-            self.host_names = await sync_to_async(_host_names)()
         from apps.telemetry.services import frame_key
 
-        frames = await cache.aget_many([frame_key(name) for name in self.host_names])
-        samples = [gpu for frame in frames.values() for gpu in frame["gpus"]]
+        # The hosts' states and heartbeats every tick: a silent host's GPUs turn stale within the timeout.
+        hosts = await sync_to_async(host_facts)()
+        keys = {frame_key(host.name): host.name for host in hosts}
+        frames = {keys[key]: frame for key, frame in (await cache.aget_many(list(keys))).items()}
         now = time.time()
+        view = cluster_view(hosts, frames, now)
+        samples = view.gpus
         for subscriber in [s for s in self.subscribers if not s.alive]:
             self.discard(subscriber)  # its sender ended (the socket broke without a disconnect)
         cluster = [s for s in self.subscribers if s.job_id is None]
@@ -110,9 +113,13 @@ class Hub:
         for subscriber in cluster:
             key = subscriber.viewer.audience
             if key not in encoded:
-                encoded[key] = json.dumps({"type": "gpu.sample", "ts": now,
-                                           "gpus": [visible_gpu(g, subscriber.viewer) for g in samples]},
-                                          default=str)
+                gpus = [visible_gpu(g, subscriber.viewer) for g in samples]
+                counts = Counter(gpu_status(g) for g in gpus)
+                encoded[key] = json.dumps({
+                    "type": "gpu.sample", "ts": now, "gpus": gpus, "hosts": view.hosts,
+                    "counts": {"hosts": view.host_counts(),
+                               "gpus": {status: counts.get(status, 0) for status in GPU_STATUSES}},
+                }, default=str)
             subscriber.offer_sample(encoded[key])
         watched = {s.job_id for s in self.subscribers if s.job_id is not None}
         for subscriber in self.subscribers:
@@ -201,12 +208,6 @@ class Hub:
             for team, alert in changes["alerts"]:
                 if viewer.sees(team) and (subscriber.job_id is None or alert["job"] in (None, subscriber.job_id)):
                     subscriber.offer_event({"type": "alert", "alert": alert})
-
-
-def _host_names() -> list[str]:
-    from apps.cluster.models import Host
-
-    return list(Host.objects.values_list("name", flat=True))
 
 
 hub = Hub()

@@ -18,6 +18,7 @@ from apps.accounts import access
 from apps.accounts.authentication import BearerTokenAuthentication
 from apps.cluster.models import GPU, Host
 from apps.jobs.models import Job
+from apps.telemetry.freshness import cluster_view, host_facts
 from apps.telemetry.models import Alert
 from apps.telemetry.services import latest_frames
 
@@ -39,7 +40,10 @@ GPU_GAUGES = [
 class ConsoleCollector:
     def collect(self):
         gpus = {g.uuid: g for g in GPU.objects.select_related("host")}
-        frames = latest_frames(list(Host.objects.values_list("name", flat=True)))
+        facts = host_facts()
+        now = time.time()
+        # A down or silent host's GPUs are stale (freshness.py): exported with no readings, only their age.
+        view = cluster_view(facts, latest_frames([host.name for host in facts]), now)
         families = {name: GaugeMetricFamily(name, help_text, labels=GPU_LABELS) for name, help_text, _, _ in GPU_GAUGES}
         free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=GPU_LABELS)
         no_data = GaugeMetricFamily("console_gpu_no_data", "1 when the GPU did not answer at its last sample.",
@@ -47,24 +51,29 @@ class ConsoleCollector:
         staleness = GaugeMetricFamily("console_gpu_sample_age_seconds", "Age of the GPU's latest sample.",
                                       labels=GPU_LABELS)
         health = GaugeMetricFamily("console_gpu_schedulable", "1 when the GPU takes new jobs.", labels=GPU_LABELS)
-        now = time.time()
-        for frame in frames.values():
-            for sample in frame["gpus"]:
-                gpu = gpus.get(sample["uuid"])
-                model = gpu.model_name if gpu else sample["gpu_type"]
-                labels = [sample["host"], str(sample["index"]), sample["uuid"], model or "", sample["team"] or "",
-                          str(sample["job"]) if sample["job"] else ""]
-                for name, _, field, scale in GPU_GAUGES:
-                    value = sample.get(field)
-                    if value is not None:
-                        families[name].add_metric(labels, value * scale)
-                if sample["memory_used_mb"] is not None and sample["memory_total_mb"] is not None:
-                    free.add_metric(labels, sample["memory_total_mb"] - sample["memory_used_mb"])
-                no_data.add_metric(labels, 0.0 if sample["available"] else 1.0)
-                staleness.add_metric(labels, max(0.0, now - sample["ts"]))
-                health.add_metric(labels, 1.0 if gpu and gpu.health == GPU.Health.OK else 0.0)
+        stale = GaugeMetricFamily("console_gpu_stale", "1 when the GPU's host is down or silent: no live data.",
+                                  labels=GPU_LABELS)
+        for sample in view.gpus:
+            gpu = gpus.get(sample["uuid"])
+            model = gpu.model_name if gpu else sample["gpu_type"]
+            labels = [sample["host"], str(sample["index"]), sample["uuid"], model or "", sample["team"] or "",
+                      str(sample["job"]) if sample["job"] else ""]
+            health.add_metric(labels, 1.0 if gpu and gpu.health == GPU.Health.OK else 0.0)
+            stale.add_metric(labels, 1.0 if sample["stale"] else 0.0)
+            if sample["stale"]:
+                if sample["last_seen"] is not None:
+                    staleness.add_metric(labels, max(0.0, now - sample["last_seen"]))
+                continue
+            for name, _, field, scale in GPU_GAUGES:
+                value = sample.get(field)
+                if value is not None:
+                    families[name].add_metric(labels, value * scale)
+            if sample["memory_used_mb"] is not None and sample["memory_total_mb"] is not None:
+                free.add_metric(labels, sample["memory_total_mb"] - sample["memory_used_mb"])
+            no_data.add_metric(labels, 0.0 if sample["available"] else 1.0)
+            staleness.add_metric(labels, max(0.0, now - sample["ts"]))
         yield from families.values()
-        yield from (free, no_data, staleness, health)
+        yield from (free, no_data, staleness, health, stale)
 
         queued = GaugeMetricFamily("console_queue_length", "Queued jobs by team.", labels=["team"])
         oldest = GaugeMetricFamily("console_oldest_pending_seconds", "Age of the oldest queued job by team.",
@@ -85,6 +94,11 @@ class ConsoleCollector:
         for state in Host.State.values:
             hosts.add_metric([state], host_counts.get(state, 0))
         yield hosts
+        statuses = GaugeMetricFamily("console_hosts_status", "Hosts by status (stale: silent for a heartbeat "
+                                     "timeout, not marked down yet).", labels=["status"])
+        for status, n in view.host_counts().items():
+            statuses.add_metric([status], n)
+        yield statuses
         firing = GaugeMetricFamily("console_alerts_open", "Alerts not yet resolved, by state.", labels=["state"])
         alert_counts = dict(Alert.objects.exclude(state=Alert.State.RESOLVED).values_list("state")
                             .annotate(n=Count("id")))

@@ -27,7 +27,8 @@ from apps.telemetry.models import GpuSampleBucket, JobGpuStats
 
 logger = logging.getLogger(__name__)
 BUCKET_S = 10
-FRAME_TTL_S = 120
+# Kept long: a frame's age is how a host whose telemetry stopped shows as stale (freshness.py), not its absence.
+FRAME_TTL_S = 24 * 3600
 MAP_TTL_S = 2.0
 NUMERIC_FIELDS = {
     "utilization_pct": (0.0, 100.0),

@@ -43,14 +43,48 @@
     f.appendChild(document.createTextNode(" · " + (g.team || "") + (g.other_team ? " + another team's job" : "")));
   }
 
+  function setCount(id, n) {
+    var el = document.getElementById(id);
+    if (el && n !== undefined && el.textContent !== String(n)) { el.textContent = String(n); }
+  }
+
+  function onHosts(hosts) {
+    /* Each host's status: up, draining, stale (not heard from for a heartbeat timeout) or down. */
+    (hosts || []).forEach(function (h) {
+      var section = document.querySelector('section.host[data-host="' + CSS.escape(h.name) + '"]');
+      var badge = section && section.querySelector('[data-f="host-status"]');
+      if (!badge || badge.textContent === h.status) { return; }
+      badge.textContent = h.status;
+      badge.className = "state state-" + h.status;
+      badge.title = h.status === "stale" ? "not heard from for a heartbeat timeout" : "";
+    });
+  }
+
+  function staleCell(el, g) {
+    /* Nothing live backs a GPU of a down or silent host: no readings, no job, no health claim. */
+    ["util", "mem", "temp", "power"].forEach(function (name) { setField(el, name, "no data"); });
+    var f = el.querySelector('[data-f="job"]');
+    if (f && f.dataset.key !== "stale") { f.dataset.key = "stale"; f.textContent = "no live data"; }
+    var cls = "gpu heat-none status-" + (g.host_status === "down" ? "down" : "stale");
+    if (el.className !== cls) { el.className = cls; }
+    var head = el.querySelector(".gpu-head .health");
+    if (!head) {
+      head = document.createElement("span");
+      el.querySelector(".gpu-head").appendChild(head);
+    }
+    head.className = "health health-stale";
+    head.textContent = g.host_status === "down" ? "host down" : "stale";
+  }
+
   function onSample(msg) {
-    var busy = 0, idle = 0, down = 0, seen = 0;
+    var busy = 0, idle = 0, stale = 0, down = 0, seen = 0;
     (msg.gpus || []).forEach(function (g) {
       var el = cells[g.uuid];
-      var isDown = g.available === false || g.health === "faulty";
-      if (isDown) { down++; } else if (g.job || g.other_team) { busy++; } else { idle++; }
+      var isDown = g.host_status === "down" || g.available === false || g.health === "faulty";
+      if (isDown) { down++; } else if (g.stale) { stale++; } else if (g.job || g.other_team) { busy++; } else { idle++; }
       if (!el) { return; }
       seen++;
+      if (g.stale) { staleCell(el, g); return; }
       setField(el, "util", GC.reading(g.utilization_pct, " %"));
       setField(el, "mem", g.memory_used_mb === null || g.memory_used_mb === undefined ? "no data"
         : (g.memory_used_mb / 1024).toFixed(1) + "/" + (g.memory_total_mb ? (g.memory_total_mb / 1024).toFixed(1) : "?") + " GiB");
@@ -71,10 +105,17 @@
       rings[g.uuid].push(g.ts || msg.ts || Date.now() / 1000, g.utilization_pct);
       dirty[g.uuid] = true;
     });
-    if (seen && (msg.gpus || []).length >= Object.keys(cells).length) {
-      document.getElementById("t-busy").textContent = busy;
-      document.getElementById("t-idle").textContent = idle;
-      document.getElementById("t-down").textContent = down;
+    onHosts(msg.hosts);
+    if (msg.counts) {
+      /* The server's counters (apps/telemetry/freshness.py): every GPU and every host counted once. */
+      var c = msg.counts.gpus || {}, h = msg.counts.hosts || {};
+      setCount("t-busy", c.busy); setCount("t-idle", c.idle); setCount("t-stale", c.stale); setCount("t-down", c.down);
+      setCount("t-gpus", (c.busy || 0) + (c.idle || 0) + (c.stale || 0) + (c.down || 0));
+      setCount("t-hosts-up", (h.up || 0) + (h.draining || 0)); setCount("t-hosts-stale", h.stale);
+      setCount("t-hosts-down", h.down);
+      if (msg.hosts) { setCount("t-hosts-total", msg.hosts.length); }
+    } else if (seen && (msg.gpus || []).length >= Object.keys(cells).length) {
+      setCount("t-busy", busy); setCount("t-idle", idle); setCount("t-stale", stale); setCount("t-down", down);
     }
     schedule();
   }

@@ -596,14 +596,14 @@ def test_home_page_shows_what_the_live_stream_shows(fx, persona):
     import json
 
     subscriber = Subscriber()
-    hub = Hub(subscribers={subscriber}, host_names=["node-a"], ticks=4)  # the 5th tick sends the queue
+    hub = Hub(subscribers={subscriber}, ticks=4)  # the 5th tick sends the queue
     hub._start_outbox()
     async_to_sync(hub.tick)()
-    frame = {g["uuid"]: g for g in json.loads(subscriber.samples[-1])["gpus"]}
+    frame = {g["uuid"]: g for g in json.loads(subscriber.samples[-1])["gpus"] if g["host"] == "node-a"}
     queue = next(e["teams"] for e in subscriber.events if e["type"] == "queue")
 
     overview = cluster_overview(user)
-    cells = {c.gpu.uuid: c for host, row in overview.hosts for c in row if host.name == "node-a"}
+    cells = {c.gpu.uuid: c for host, _, row in overview.hosts for c in row if host.name == "node-a"}
     assert set(cells) == set(frame)
     for uuid, cell in cells.items():
         live = frame[uuid]

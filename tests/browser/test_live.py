@@ -77,6 +77,42 @@ def test_overview_applies_samples_queue_and_alerts(world, page_for):
     assert page.locator("#t-alerts").inner_text() == "1"
 
 
+def test_overview_shows_a_silent_hosts_gpus_stale_and_the_servers_counters(world, page_for):
+    page = page_for(world.member)
+    page.add_init_script(FAKE_WEBSOCKET)
+    page.goto("/")
+    page.wait_for_function("document.getElementById('live-status').dataset.state === 'live'")
+    g = world.gpus
+    gpus = [sample(gpu, utilization_pct=50, job=7, team="vision", stale=False, host_status="up") for gpu in g[:8]]
+    # node-b went silent: no readings, no job, no health; then the reaper marks it down.
+    gpus += [sample(gpu, stale=True, host_status="stale", available=None, health=None, memory_total_mb=None,
+                    last_seen=time.time() - 40) for gpu in g[8:]]
+    hosts = [{"name": "node-a", "state": "up", "status": "up"}, {"name": "node-b", "state": "up", "status": "stale"}]
+    counts = {"hosts": {"up": 1, "draining": 0, "stale": 1, "down": 0},
+              "gpus": {"busy": 8, "idle": 0, "stale": 8, "down": 0}}
+    page.evaluate("msg => window.__emit(msg)", {"type": "gpu.sample", "ts": time.time(), "gpus": gpus,
+                                                 "hosts": hosts, "counts": counts})
+    silent = page.get_by_label("node-b GPU 0")
+    assert "status-stale" in silent.get_attribute("class") and "heat-none" in silent.get_attribute("class")
+    assert "no live data" in silent.inner_text() and "stale" in silent.inner_text() and "50 %" not in silent.inner_text()
+    assert page.locator('section[data-host="node-b"] [data-f="host-status"]').inner_text() == "stale"
+    assert [page.locator(f"#t-{k}").inner_text() for k in ("busy", "idle", "stale", "down", "gpus")] == \
+        ["8", "0", "8", "0", "16"]
+    assert [page.locator(f"#t-hosts-{k}").inner_text() for k in ("up", "stale", "down")] == ["1", "1", "0"]
+
+    for entry in gpus[8:]:
+        entry["host_status"] = "down"
+    hosts[1]["status"] = "down"
+    counts = {"hosts": {"up": 1, "draining": 0, "stale": 0, "down": 1},
+              "gpus": {"busy": 8, "idle": 0, "stale": 0, "down": 8}}
+    page.evaluate("msg => window.__emit(msg)", {"type": "gpu.sample", "ts": time.time(), "gpus": gpus,
+                                                 "hosts": hosts, "counts": counts})
+    assert "status-down" in silent.get_attribute("class") and "host down" in silent.inner_text()
+    assert page.locator('section[data-host="node-b"] [data-f="host-status"]').inner_text() == "down"
+    assert [page.locator(f"#t-hosts-{k}").inner_text() for k in ("up", "stale", "down")] == ["1", "0", "1"]
+    assert page.locator("#t-down").inner_text() == "8"
+
+
 def test_ring_buffer_keeps_a_fixed_size(world, page_for):
     page = page_for(world.member)
     page.goto("/")

@@ -45,8 +45,8 @@ def add_busy_hosts(world, first: int, count: int) -> None:
     """Hosts of 8 H200 GPUs with a minute of samples each; a vision job runs on every other one.
 
     `world` needs .vision (a team) and .member (one of its members): benchmarks/overview.py builds with it too."""
-    hosts = [Host.objects.create(name=f"big-{i:02d}", state=Host.State.UP, simulated=True)
-             for i in range(first, first + count)]
+    hosts = [Host.objects.create(name=f"big-{i:02d}", state=Host.State.UP, simulated=True,
+                                 last_heartbeat=timezone.now()) for i in range(first, first + count)]
     GPU.objects.bulk_create([
         GPU(host=host, index=i, uuid=f"GPU-{host.name}-{i}", gpu_type="H200", memory_mb=143771)
         for host in hosts for i in range(8)

@@ -176,3 +176,47 @@ def test_removing_access_closes_the_socket(world, sim_host):
                 return output["code"]
 
     assert async_to_sync(run)() == 4403
+
+
+def test_a_silent_hosts_gpus_turn_stale_in_the_cluster_stream_and_the_counters_add_up(world, sim_host, settings):
+    """The bug: a dead host's last frame went on being pushed every second as live (utilization, job, health)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.cluster.models import Host
+
+    host, agent = sim_host
+    job = run_job_on_sim(world)  # node-a and node-b are marked down
+    send(agent, [gpu_sample(0, util=91.0), gpu_sample(1, util=3.0)])
+    member_headers = headers(world.member)
+
+    def sim_gpus(frame: dict) -> list[dict]:
+        return [g for g in frame["gpus"] if g["host"] == "sim-t"]
+
+    async def run():
+        from asgiref.sync import sync_to_async
+
+        socket, connected, _ = await open_socket("/ws/cluster/", member_headers)
+        assert connected
+        live = await next_of(socket, "gpu.sample")
+        await sync_to_async(Host.objects.filter(pk=host.pk).update)(
+            last_heartbeat=timezone.now() - timedelta(seconds=settings.HEARTBEAT_TIMEOUT_S + 1))
+        stale = await next_of(socket, "gpu.sample")
+        while not all(g["stale"] for g in sim_gpus(stale)):
+            stale = await next_of(socket, "gpu.sample")
+        await socket.disconnect()
+        return live, stale
+
+    live, stale = async_to_sync(run)()
+    busy = sim_gpus(live)[0]
+    assert busy["stale"] is False and busy["utilization_pct"] == 91.0 and busy["job"] == job.pk
+    assert live["counts"]["gpus"] == {"busy": 1, "idle": 1, "stale": 0, "down": 16}
+    assert live["counts"]["hosts"] == {"up": 1, "draining": 0, "stale": 0, "down": 2}
+    for gpu in sim_gpus(stale):
+        assert gpu["host_status"] == "stale" and gpu["utilization_pct"] is None and gpu["temperature_c"] is None
+        assert gpu["job"] is None and gpu["jobs"] == [] and gpu["health"] is None and gpu["last_seen"] is not None
+    assert stale["counts"]["gpus"] == {"busy": 0, "idle": 0, "stale": 2, "down": 16}
+    assert stale["counts"]["hosts"] == {"up": 0, "draining": 0, "stale": 1, "down": 2}
+    assert {h["name"]: h["status"] for h in stale["hosts"]}["sim-t"] == "stale"
+    assert len(stale["gpus"]) == sum(stale["counts"]["gpus"].values()) == 18
