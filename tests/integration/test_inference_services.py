@@ -129,7 +129,9 @@ def test_train_deploy_predict_scale_survive_and_delete(cluster):
     events = cluster.mona.get(f"/api/v1/services/{service['id']}/events/").json()["results"]
     kinds = [e["kind"] for e in events]
     assert "scale_up" in kinds and "scale_down" in kinds
-    assert any("> target 5 ms" in e["reason"] for e in events if e["kind"] == "scale_up")
+    # The reason names what was measured: the p95 over the 5 ms target or, on a busy machine, the deep queue.
+    assert all("> target 5 ms" in e["reason"] or "queue depth" in e["reason"]
+               for e in events if e["kind"] == "scale_up")
 
     # Two replicas; one is killed: requests keep succeeding and the replica is replaced.
     cluster.mona.patch(f"/api/v1/services/{service['id']}/", json={"min_replicas": 2})
