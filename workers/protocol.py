@@ -10,6 +10,7 @@ import ipaddress
 import json
 import math
 import re
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +34,41 @@ REPLICA_SECRET_ENV = "CONSOLE_REPLICA_SECRET"
 REPLICA_SERVER_PORT = 8080
 REPLICA_HEALTH_PATH = "/health"
 REPLICA_PREDICT_PATH = "/predict"
+# A replica's GET /stats (the built-in server's, or the gate's for a user's server) reports latencies over the last
+# REPLICA_LATENCY_WINDOW_S and requests per second over the last REPLICA_RPS_WINDOW_S: ReplicaWindow computes both.
+REPLICA_LATENCY_WINDOW_S = 30.0
+REPLICA_RPS_WINDOW_S = 10.0
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+class ReplicaWindow:
+    """The answered requests a replica's /stats figures come from: latency percentiles (linear interpolation, as
+    numpy's default), the requests in the latency window (the autoscaler wants enough of them) and the rate."""
+
+    def __init__(self, started: float, max_kept: int = 200_000) -> None:
+        self.started = started
+        self._done: deque[tuple[float, float]] = deque(maxlen=max_kept)
+
+    def add(self, at: float, latency_ms: float) -> None:
+        self._done.append((at, latency_ms))
+
+    def figures(self, now: float) -> dict[str, Any]:
+        while self._done and self._done[0][0] < now - REPLICA_LATENCY_WINDOW_S:
+            self._done.popleft()
+        window = sorted(latency for _, latency in self._done)
+        recent = sum(1 for at, _ in self._done if at >= now - REPLICA_RPS_WINDOW_S)
+        uptime = now - self.started
+        latency = {name: round(_percentile(window, q), 3) if window else None
+                   for name, q in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))}
+        return {"latency_ms": latency, "window_requests": len(window),
+                "rps": round(recent / min(REPLICA_RPS_WINDOW_S, max(uptime, 1e-3)), 3), "uptime_s": round(uptime, 3)}
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class ProtocolError(ValueError):

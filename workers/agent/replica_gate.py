@@ -40,7 +40,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from workers.protocol import (
     REPLICA_SECRET_ENV,
     REPLICA_SECRET_HEADER,
     REPLICA_SERVER_PORT,
+    ReplicaWindow,
     ServingProgress,
 )
 
@@ -61,8 +61,6 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # as the built-in replica server
 UPSTREAM_TIMEOUT_S = 30.0  # the gateway's own wait for a replica
 PIDFILE_WAIT_S = 120.0
 HEALTH_POLL_S = 0.2
-LATENCY_WINDOW_S = 30.0  # as the built-in replica server's /stats
-RPS_WINDOW_S = 10.0
 MIN_SECRET_CHARS = 16
 
 
@@ -168,7 +166,7 @@ class Stats:
         self.requests = 0
         self.errors = 0
         self.in_flight = 0
-        self._done: deque[tuple[float, float]] = deque(maxlen=200_000)
+        self.window = ReplicaWindow(self.started)
         self._lock = threading.Lock()
 
     def begin(self) -> None:
@@ -180,25 +178,15 @@ class Stats:
             self.in_flight -= 1
             self.requests += 1
             if ok:
-                self._done.append((time.monotonic(), seconds * 1000.0))
+                self.window.add(time.monotonic(), seconds * 1000.0)
             else:
                 self.errors += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            now = time.monotonic()
-            while self._done and self._done[0][0] < now - LATENCY_WINDOW_S:
-                self._done.popleft()
-            window = sorted(latency for _, latency in self._done)
-            recent = sum(1 for ts, _ in self._done if ts >= now - RPS_WINDOW_S)
-            uptime = now - self.started
-            latency = {name: round(window[min(len(window) - 1, int(q * len(window)))], 3) if window else None
-                       for name, q in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))}
+            # No batching here: what waits is what the user's server has not answered yet.
             return {"requests": self.requests, "errors": self.errors, "in_flight": self.in_flight,
-                    # No batching here: what waits is what the user's server has not answered yet.
-                    "queue_depth": self.in_flight, "latency_ms": latency, "window_requests": len(window),
-                    "rps": round(recent / min(RPS_WINDOW_S, max(uptime, 1e-3)), 3), "uptime_s": round(uptime, 3),
-                    "batching": False}
+                    "queue_depth": self.in_flight, "batching": False, **self.window.figures(time.monotonic())}
 
 
 def handler_class(upstream: Upstream, stats: Stats, secret: bytes) -> type[BaseHTTPRequestHandler]:

@@ -17,7 +17,7 @@ Endpoints (JSON in, JSON out; errors are {"detail": "<reason>"}):
                    tiny-lm: {"inputs": ["prompt", ...], "max_new_tokens": 16} -> {"outputs": ["greedy text", ...]}
     GET  /stats    {"requests", "errors", "batches", "batch_size_mean", "queue_depth",
                     "latency_ms": {"p50", "p95", "p99"}, "window_requests", "rps", "uptime_s", ...}
-               (latencies and window_requests over the last LATENCY_WINDOW_S, rps over RPS_WINDOW_S)
+               (workers.protocol.ReplicaWindow: latencies and window_requests over 30 s, rps over 10 s)
 
 Dynamic batching: concurrent requests are queued and collected for up to --max-wait-ms (from the oldest
 queued request) or until --max-batch inputs, then run as one forward pass on a single inference thread
@@ -58,7 +58,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..protocol import REPLICA_SECRET_ENV, REPLICA_SECRET_HEADER, JobEnvironment, ServingProgress
+from ..protocol import (
+    REPLICA_SECRET_ENV,
+    REPLICA_SECRET_HEADER,
+    JobEnvironment,
+    ReplicaWindow,
+    ServingProgress,
+)
 from . import checkpoint as ckpt
 from . import session as session_mod
 from .catalog import PRESETS
@@ -78,8 +84,6 @@ DEFAULT_NEW_TOKENS = 16
 MAX_PROMPT_CHARS = 4096
 DIGIT_PIXELS = 64
 DIGIT_MAX_VALUE = 16.0
-LATENCY_WINDOW_S = 30.0
-RPS_WINDOW_S = 10.0
 GRACEFUL_SHUTDOWN_S = 5
 MIN_SECRET_CHARS = 16
 _SECRET_HEADER = REPLICA_SECRET_HEADER.lower().encode()
@@ -444,27 +448,20 @@ class Stats:
     rejected: int = 0
     inputs: int = 0
     in_flight: int = 0
-    _done: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=200_000))
+    window: ReplicaWindow = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.window = ReplicaWindow(self.started)
 
     def record(self, seconds: float, ok: bool, count: int = 0) -> None:
         self.requests += 1
         if ok:
             self.inputs += count
-            self._done.append((time.monotonic(), seconds * 1000.0))
+            self.window.add(time.monotonic(), seconds * 1000.0)
         else:
             self.errors += 1
 
     def snapshot(self, batcher: Batcher) -> dict[str, Any]:
-        now = time.monotonic()
-        while self._done and self._done[0][0] < now - LATENCY_WINDOW_S:
-            self._done.popleft()
-        uptime = now - self.started
-        window = [latency for _, latency in self._done]
-        recent = sum(1 for ts, _ in self._done if ts >= now - RPS_WINDOW_S)
-        latency: dict[str, float | None] = {"p50": None, "p95": None, "p99": None}
-        if window:
-            p50, p95, p99 = np.percentile(np.asarray(window), [50, 95, 99])
-            latency = {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "p99": round(float(p99), 3)}
         return {
             "requests": self.requests,
             "errors": self.errors,
@@ -474,10 +471,7 @@ class Stats:
             "batch_size_mean": round(batcher.batched_items / batcher.batches, 3) if batcher.batches else 0.0,
             "queue_depth": batcher.queued_items,
             "in_flight": self.in_flight,
-            "latency_ms": latency,
-            "window_requests": len(window),
-            "rps": round(recent / min(RPS_WINDOW_S, max(uptime, 1e-3)), 3),
-            "uptime_s": round(uptime, 3),
+            **self.window.figures(time.monotonic()),
             "batching": batcher.batching,
             "max_batch": batcher.max_batch,
             "max_wait_ms": batcher.max_wait_s * 1000.0,
