@@ -25,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.cluster.authentication import AgentView
+from apps.cluster.models import Host
 from apps.core.errors import InvalidInput
 from apps.core.machine_auth import KeywordTokenAuthentication, MachinePrincipal
 from apps.core.schema import ErrorSerializer
@@ -185,7 +186,7 @@ class JobSecretsView(AgentView):
         attempt = request.query_params.get("attempt", "")
         if not attempt.isdigit():
             raise InvalidInput({"attempt": ["The attempt number (a whole number) is required."]})
-        values = services.job_secret_values(host=request.auth, job_id=job_id, attempt=int(attempt))
+        values = services.job_secret_values(host=cast(Host, request.auth), job_id=job_id, attempt=int(attempt))
         response = Response(JobSecrets(attempt=int(attempt), values=values).to_message())
         response["Cache-Control"] = "no-store"
         return response
