@@ -157,7 +157,12 @@ def hostile_cluster(mode: str, base: Path):
             live.upload_probe("red")
             live.upload_probe("blue")
         live.victim_secret = f"blue-secret-{secrets.token_hex(8)}"
-        live.victim = live.submit_to("blue", **live.probe("blue", "secret", live.victim_secret, "900"))
+        extra = {}
+        if live.image:  # also a team secret of blue's: its agent fetches it for the container, its log masks it
+            created = admin.post("/api/v1/teams/blue/secrets/", json={"name": "BLUE_TOKEN", "value": live.victim_secret})
+            assert created.status_code == 201, created.text
+            extra = {"secrets": ["BLUE_TOKEN"]}
+        live.victim = live.submit_to("blue", **live.probe("blue", "secret", live.victim_secret, "900"), **extra)
         found = live.wait_for(lambda: re.search(r"^victim home=(\S+) pid=(\d+)", live.log(live.victim["id"]),
                                                 re.M), timeout=90, what="the victim job to start")
         live.victim_home, live.victim_pid = Path(found.group(1)), int(found.group(2))

@@ -81,3 +81,9 @@ def test_a_container_job_sees_nothing_of_the_host_holds_no_privilege_and_stays_i
     children = int(re.search(r"^forkbomb children=(\d+)", log, re.M).group(1))
     assert 0 < children < PIDS_MAX and info["limits"]["pids"] == PIDS_MAX, (children, info)
     assert cluster.job(cluster.victim["id"])["state"] == "running"
+    # Team blue's secret reached its own container (fetched by the agent, not in the dispatch) and is masked in
+    # its log as in every other.
+    victim_log = cluster.log(cluster.victim["id"])
+    assert re.search(r"^victim home=/workspace/code pid=\d+ \*\*\*\*$", victim_log, re.M), victim_log
+    own_output = [line for line in victim_log.splitlines() if not line.startswith("[agent]")]  # (not its argv)
+    assert own_output and not [line for line in own_output if cluster.victim_secret in line], own_output
