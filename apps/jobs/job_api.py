@@ -18,7 +18,7 @@ from django.conf import settings
 from django.http import FileResponse, Http404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, permissions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -180,8 +180,9 @@ class JobSecretsView(AgentView):
     on, while it is placed or running (409 otherwise), just before it starts the job's container. The dispatch
     message names the secrets only; the values never cross the broker."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer, 401: ErrorSerializer,
-                              409: ErrorSerializer})
+    @extend_schema(parameters=[OpenApiParameter("attempt", int, required=True,
+                                                description="the attempt the agent is about to start")],
+                   responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})  # 400, 401: apps.core.schema's
     def get(self, request: Request, job_id: int) -> Response:
         attempt = request.query_params.get("attempt", "")
         if not attempt.isdigit():
