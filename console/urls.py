@@ -55,6 +55,7 @@ api_v1 = [
     path("agent/jobs/<int:job_id>/status/", jobs_agent_api.JobStatusView.as_view(), name="agent-job-status"),
     path("agent/jobs/<int:job_id>/logs/", jobs_agent_api.JobLogView.as_view(), name="agent-job-logs"),
     path("agent/jobs/<int:job_id>/progress/", jobs_agent_api.JobProgressView.as_view(), name="agent-job-progress"),
+    path("agent/jobs/<int:job_id>/secrets/", jobs_job_api.JobSecretsView.as_view(), name="agent-job-secrets"),
     # An artifact's path may end in a file name (the router would want a trailing slash after it).
     path("jobs/<int:pk>/artifacts/<path:path>", jobs_api.JobViewSet.as_view({"get": "artifact"}),
          name="job-artifact-file"),

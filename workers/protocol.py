@@ -147,13 +147,13 @@ class CodeSnapshot:
 
 @dataclass(frozen=True)
 class ContainerSpec:
-    """What a job asks of its environment beyond GPUs: an OCI image, plain variables, team secrets (values, never
-    logged: the agent masks them in the job's output), mounts, code and /dev/shm. Empty `image`: the job runs on
-    the host (the process backend)."""
+    """What a job asks of its environment beyond GPUs: an OCI image, plain variables, the names of team secrets
+    (never their values: the agent fetches those just before the container starts, see JobSecrets), mounts, code
+    and /dev/shm. Empty `image`: the job runs on the host (the process backend)."""
 
     image: str = ""
     env: dict[str, str] = field(default_factory=dict)
-    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    secrets: tuple[str, ...] = ()
     mounts: tuple[MountSpec, ...] = ()
     code: CodeSnapshot | None = None
     shm_gb: float | None = None
@@ -168,11 +168,49 @@ class ContainerSpec:
         return cls(
             image=str(message.get("image") or ""),
             env={str(k): str(v) for k, v in dict(message.get("env") or {}).items()},
-            secrets={str(k): str(v) for k, v in dict(message.get("secrets") or {}).items()},
+            secrets=_secret_names(message.get("secrets")),
             mounts=tuple(MountSpec(**m) for m in message.get("mounts") or ()),
             code=CodeSnapshot(**code) if code else None,
             shm_gb=_positive_or_none(message.get("shm_gb"), "shm_gb"),
         )
+
+
+def _secret_names(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(isinstance(name, str) for name in value):
+        raise ValueError("container.secrets must be a list of names (values are fetched at start: JobSecrets)")
+    return tuple(value)
+
+
+# The agent API path of a job attempt's secret values (GET, with `?attempt=N`): only the host the attempt is
+# placed on, with its host token, while the attempt is placed or running (apps/jobs/job_api.py).
+def job_secrets_path(job_id: int) -> str:
+    return f"jobs/{int(job_id)}/secrets/"
+
+
+@dataclass(frozen=True)
+class JobSecrets:
+    """The values of a job attempt's team secrets, fetched by its agent just before the container starts: they
+    travel over the agent API (TLS where the console has it), never in the broker's dispatch message."""
+
+    attempt: int
+    values: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def to_message(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "values": dict(self.values)}
+
+    @classmethod
+    def from_message(cls, message: Any) -> JobSecrets:
+        if not isinstance(message, dict) or not isinstance(message.get("values"), dict):
+            raise ProtocolError("job secrets must be an object with `values`")
+        values = message["values"]
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+            raise ProtocolError("job secrets' values must map names to strings")
+        try:
+            return cls(attempt=int(message["attempt"]), values=dict(values))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed job secrets: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -207,6 +245,7 @@ class Dispatch:
         message = asdict(self)
         message["gpu_indices"] = list(self.gpu_indices)
         message["container"]["mounts"] = [asdict(m) for m in self.container.mounts]
+        message["container"]["secrets"] = list(self.container.secrets)
         return message
 
     @classmethod

@@ -1,4 +1,5 @@
-"""What agents report about the jobs they run (status, log output, progress, the jobs they still run), applied."""
+"""What agents report about the jobs they run (status, log output, progress, the jobs they still run), applied;
+and the one thing an agent fetches for a job it is about to start: its secret values."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.secrets import secret_values
 from apps.cluster.models import Host
 from apps.core.errors import WrongState
 from apps.jobs.dispatch import job_hosts, send_stop_after_commit
@@ -41,6 +43,17 @@ def _job_for_host(job_id: int, host: Host, attempt: int) -> Job:
     if not JobAllocation.objects.filter(job=job, gpu__host=host, released_at__isnull=True).exists():
         raise AgentReportError(f"job {job_id} attempt {attempt} does not run on host {host.name}")
     return job
+
+
+def job_secret_values(*, host: Host, job_id: int, attempt: int) -> dict[str, str]:
+    """The values of the team secrets job `job_id` names, for the agent of `host` to hand its attempt `attempt`:
+    only while that attempt is the job's current one, placed or running, with GPUs on `host` (AgentReportError
+    otherwise: another host, an older attempt, a job that ended). A secret gone since: InvalidInput (`secrets`)."""
+    with transaction.atomic():
+        job = _job_for_host(job_id, host, attempt)
+        if job.state not in (State.PLACED, State.RUNNING):
+            raise AgentReportError(f"job {job_id} attempt {attempt} is {job.state}: its secrets are not handed out")
+        return secret_values(job.team_id, [str(name) for name in job.secrets or ()])
 
 
 def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Job, bool]:

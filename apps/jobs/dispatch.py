@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from apps.accounts.secrets import secret_values
+from apps.accounts.secrets import validate_secret_names
 from apps.cluster.volumes import resolve_mounts
 from apps.core.errors import InvalidInput
 from apps.jobs.attempt_tokens import attempt_token, replica_secret
@@ -91,9 +91,10 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
 
 
 def container_spec(job: Job) -> ContainerSpec:
-    """The job's environment for its agent. Secret values and volume paths are read now, at each dispatch: a
-    rotated secret or a moved volume reaches the next attempt without editing the job, and no value is kept on
-    the job, in its events or in a log (ContainerSpec leaves secrets out of its repr)."""
+    """The job's environment for its agent. Volume paths are read now, at each dispatch (a moved volume reaches
+    the next attempt without editing the job). Secrets travel by name only, checked to exist now: the message
+    crosses the broker, so the agent fetches their values over the agent API just before the container starts
+    (apps/jobs/job_api.py JobSecretsView), and a rotated secret reaches the next attempt."""
     code = None
     snapshot = job.code_snapshot if job.code_snapshot_id is not None else None
     if snapshot is not None:
@@ -103,11 +104,17 @@ def container_spec(job: Job) -> ContainerSpec:
     return ContainerSpec(
         image=job.image,
         env=dict(job.env or {}),
-        secrets=secret_values(job.team_id, list(job.secrets)) if job.secrets else {},
+        secrets=_existing_secrets(job),
         mounts=tuple(resolve_mounts(job.team_id, list(job.mounts))) if job.mounts else (),
         code=code,
         shm_gb=job.shm_gb,
     )
+
+
+def _existing_secrets(job: Job) -> tuple[str, ...]:
+    names = [str(name) for name in job.secrets or ()]
+    validate_secret_names(job.team_id, names)  # one deleted since submission: InvalidInput, the job cannot start
+    return tuple(names)
 
 
 def _host_part(total: float | None, host_gpus: int, gpus: int) -> float | None:

@@ -2,6 +2,10 @@
 
 Its own record, its training progress, and its own artifacts (read all; write under checkpoints/ and outputs/).
 The token works nowhere else (user and agent endpoints do not accept it) and only while its attempt runs.
+
+One endpoint here serves the attempt's agent, not the job: the values of the job's team secrets
+(JobSecretsView). The job token cannot fetch them (the job holds that token, and a job process could keep asking
+after its container has started); the host token can, and only the host the attempt is placed on.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from django.conf import settings
 from django.http import FileResponse, Http404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, permissions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.cluster.authentication import AgentView
+from apps.cluster.models import Host
+from apps.core.errors import InvalidInput
 from apps.core.machine_auth import KeywordTokenAuthentication, MachinePrincipal
 from apps.core.schema import ErrorSerializer
 from apps.jobs import services
@@ -27,6 +34,7 @@ from apps.jobs.api import ArtifactSerializer, artifact_download, artifact_listin
 from apps.jobs.attempt_tokens import attempt_from_token
 from apps.jobs.code_snapshot_api import snapshot_response
 from apps.jobs.models import CodeSnapshot, Job
+from workers.protocol import JobSecrets
 from workers.runtime.artifacts import safe_relpath
 
 WRITABLE_FOLDERS = ("checkpoints", "outputs")
@@ -165,3 +173,21 @@ class JobSelfCodeView(APIView):
             raise Http404("This job has no uploaded code.")
         return snapshot_response(snapshot)
 
+
+
+class JobSecretsView(AgentView):
+    """GET `?attempt=N`: the values of the job's team secrets, for the agent of the host the attempt is placed
+    on, while it is placed or running (409 otherwise), just before it starts the job's container. The dispatch
+    message names the secrets only; the values never cross the broker."""
+
+    @extend_schema(parameters=[OpenApiParameter("attempt", int, required=True,
+                                                description="the attempt the agent is about to start")],
+                   responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})  # 400, 401: apps.core.schema's
+    def get(self, request: Request, job_id: int) -> Response:
+        attempt = request.query_params.get("attempt", "")
+        if not attempt.isdigit():
+            raise InvalidInput({"attempt": ["The attempt number (a whole number) is required."]})
+        values = services.job_secret_values(host=cast(Host, request.auth), job_id=job_id, attempt=int(attempt))
+        response = Response(JobSecrets(attempt=int(attempt), values=values).to_message())
+        response["Cache-Control"] = "no-store"
+        return response

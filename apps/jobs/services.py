@@ -5,7 +5,8 @@
   cancelling, releasing and preempting jobs, and a lost host's jobs
 - placement: a queued job gets its GPUs (`job_place`); the pass's notes on waiting jobs
 - dispatch: messages to the hosts' queues (run, stop, preempt), after commit
-- agent_reports: what agents report about their jobs (status, log, progress, jobs they still run)
+- agent_reports: what agents report about their jobs (status, log, progress, jobs they still run), and
+  the secret values an agent fetches for a job it starts
 - ledger: the check that held GPUs match placed and running jobs
 - usage: GPUs held and GPU-hours, derived from job records
 
@@ -20,6 +21,7 @@ from apps.jobs.agent_reports import (
     job_record_own_progress,
     job_record_progress,
     job_report_status,
+    job_secret_values,
     jobs_missing_on_host,
 )
 from apps.jobs.dispatch import dispatch_messages, jobs_redispatch_stale
@@ -46,6 +48,7 @@ __all__ = [
     "AgentReportError", "JobSpec", "default_preset", "dispatch_messages", "job_append_log", "job_cancel",
     "job_checkpoint_and_release", "job_note",
     "job_finish", "job_host_lost", "job_mark_running", "job_place", "job_preempt", "job_record_own_progress",
-    "job_record_progress", "job_release", "job_report_status", "job_submit", "jobs_missing_on_host",
+    "job_record_progress", "job_release", "job_report_status", "job_secret_values", "job_submit",
+    "jobs_missing_on_host",
     "jobs_redispatch_stale", "jobs_set_pending_info", "ledger_reconcile", "request_scheduler_pass", "transition",
 ]

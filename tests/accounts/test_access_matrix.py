@@ -168,6 +168,10 @@ MATRIX: dict[str, list[Row]] = {
     "api/v1/agent/jobs/<int:job_id>/progress/": [
         Row("POST", lambda f: f"/api/v1/agent/jobs/{f.vjob.pk}/progress/",
             statuses(403, 403, 403, 403, 403, 401, 400), data={})],
+    # a job's secret values: only the host its current attempt is placed on (this host holds none of it: 409)
+    "api/v1/agent/jobs/<int:job_id>/secrets/": [
+        Row("GET", lambda f: f"/api/v1/agent/jobs/{f.vjob.pk}/secrets/?attempt=1",
+            statuses(403, 403, 403, 403, 403, 401, 409))],
     # the job API: a running job's own attempt token, nothing else (a person: 403; a host: 401)
     "api/v1/job/": [Row("GET", lambda f: "/api/v1/job/", same(403, host=401))],
     "api/v1/job/progress/": [Row("POST", lambda f: "/api/v1/job/progress/", same(403, host=401), data={})],

@@ -1,5 +1,6 @@
 """A real JobRunner with the podman backend, talking through a real ConsoleClient to a small HTTP server that
-records what an agent reports (status, log, progress) and serves code snapshots the way the job API does."""
+records what an agent reports (status, log, progress) and serves code snapshots the way the job API does, and a
+job's secret values the way the agent API does (to the host token, for the job's current attempt only)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.containers import images
 from workers.agent.client import ConsoleClient
 from workers.agent.containers import ContainerRuntime
 from workers.agent.runner import JobRunner, JobUids
-from workers.protocol import CONTAINER_LABEL_HOST, JOB_CODE_PATH, ContainerSpec, Dispatch
+from workers.protocol import CONTAINER_LABEL_HOST, JOB_CODE_PATH, ContainerSpec, Dispatch, JobSecrets
 
 # Job uids of these tests' agents: a range per xdist worker, so that one worker's check that no job process is
 # left never sees another's jobs.
@@ -69,6 +70,8 @@ class Console:
     logs: dict[int, list[str]] = field(default_factory=dict)
     progress: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     code: dict[str, bytes] = field(default_factory=dict)  # job token -> the snapshot it may fetch
+    secrets: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)  # (job, attempt) -> values
+    secret_fetches: list[tuple[int, str]] = field(default_factory=list)  # (job, Authorization) of each fetch
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     def log(self, job_id: int) -> str:
@@ -105,10 +108,22 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def do_GET(self) -> None:  # noqa: N802 - the job API's code snapshot
-            token = self.headers.get("Authorization", "").removeprefix("Job ")
-            if self.path == JOB_CODE_PATH and token in console.code:
+        def do_GET(self) -> None:  # noqa: N802 - the job API's code snapshot; the agent API's job secrets
+            authorization = self.headers.get("Authorization", "")
+            token = authorization.removeprefix("Job ")
+            path, _, query = self.path.partition("?")
+            parts = path.strip("/").split("/")  # api v1 agent jobs ID secrets
+            if path == JOB_CODE_PATH and token in console.code:
                 self._answer(200, console.code[token], "application/gzip")
+            elif parts[2:4] == ["agent", "jobs"] and parts[5:] == ["secrets"]:
+                job_id, attempt = int(parts[4]), int(query.removeprefix("attempt="))
+                with console.changed:
+                    console.secret_fetches.append((job_id, authorization))
+                values = console.secrets.get((job_id, attempt)) if authorization == f"Host {HOST_TOKEN}" else None
+                if values is None:
+                    self._answer(409, json.dumps({"detail": f"job {job_id} does not run here"}).encode())
+                else:
+                    self._answer(200, json.dumps(JobSecrets(attempt, values).to_message()).encode())
             else:
                 self._answer(404, b"{}")
 
@@ -147,21 +162,30 @@ def oci_runtime() -> str:
     return "runc" if subprocess.run(["which", "runc"], capture_output=True).returncode == 0 else ""
 
 
+HOST_TOKEN = "host-token"
+
+
 @dataclass
 class Agent:
     runner: JobRunner
     host: str
     volumes: Path
+    console: Console
     next_id: int = 1
 
     def dispatch(self, image: str, command: list[str], **extra: Any) -> Dispatch:
-        container = extra.pop("container", {})
+        """A dispatch as the console sends it. `container["secrets"]` ({name: value}): the dispatch names them,
+        the console serves their values to this host for this attempt."""
+        container = dict(extra.pop("container", {}))
+        values = container.pop("secrets", {})
         workload = extra.pop("workload", {"command": command})
         job_id, self.next_id = self.next_id, self.next_id + 1
         options: dict[str, Any] = {"gpu_indices": (0,), "kind": "train", "preset": "", "time_limit_s": 600,
                                    "job_token": secrets.token_hex(8), **extra}
-        return Dispatch(job_id=job_id, attempt=1, host=self.host, workload=workload,
-                        container=ContainerSpec(image=image, **container), **options)
+        if values:
+            self.console.secrets[(job_id, options.get("attempt", 1))] = dict(values)
+        return Dispatch(job_id=job_id, attempt=options.pop("attempt", 1), host=self.host, workload=workload,
+                        container=ContainerSpec(image=image, secrets=tuple(values), **container), **options)
 
     def containers(self) -> list[str]:
         """This agent's containers, running or not, as podman lists them."""
@@ -176,10 +200,10 @@ def agent(podman: None, console: Console, tmp_path: Path) -> Iterator[Agent]:
     volumes = tmp_path / "volumes"
     volumes.mkdir()
     runtime = ContainerRuntime("podman", volume_roots=(volumes,), oci_runtime=oci_runtime(), simulated=True)
-    runner = JobRunner(ConsoleClient(console.url, "host-token"), work_root=tmp_path / "work",
+    runner = JobRunner(ConsoleClient(console.url, HOST_TOKEN), work_root=tmp_path / "work",
                        artifacts_root=tmp_path / "artifacts", simulated=True, grace_s=5.0, preempt_grace_s=10.0,
                        job_uids=JobUids(*JOB_UIDS), console_url=console.url, containers=runtime)
-    made = Agent(runner, host, volumes)
+    made = Agent(runner, host, volumes, console)
     yield made
     runner.shutdown()
     runtime.remove_leftovers(host)

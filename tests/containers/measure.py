@@ -49,7 +49,7 @@ def main() -> None:
             runner = JobRunner(ConsoleClient(console.url, "t"), work_root=root / "work",
                                artifacts_root=root / "artifacts", simulated=True, job_uids=JobUids(*JOB_UIDS),
                                console_url=console.url, containers=containers)
-            agent = Agent(runner, f"measure-{backend}", root, next_id=1000 if containers else 1)
+            agent = Agent(runner, f"measure-{backend}", root, console, next_id=1000 if containers else 1)
             spent = timings(console, agent, image, runs)
             print(f"{backend}: trivial job start to end, median {statistics.median(spent):.2f} s "
                   f"(min {min(spent):.2f}, max {max(spent):.2f}, {runs} runs)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import signal
@@ -105,6 +106,20 @@ def test_a_job_runs_in_its_image_under_its_own_uid_with_env_secret_masked_and_pr
     assert console.progress[dispatch.job_id][-1]["step"] == 3
     assert agent.containers() == []
     assert not list((agent.runner.work_root / f"job-{dispatch.job_id}" / "attempt-1").glob("*env*"))
+    # The dispatch named the secret only; the agent fetched its value with the host token, once, for this job.
+    assert secret not in json.dumps(dispatch.to_message()) and dispatch.container.secrets == ("WANDB_API_KEY",)
+    assert console.secret_fetches == [(dispatch.job_id, "Host host-token")]
+
+
+def test_a_job_whose_secrets_the_console_refuses_fails_before_its_container_starts(
+        agent: Agent, console: Console, base_image: str) -> None:
+    dispatch = agent.dispatch(base_image, ["python3", "-c", "print('never ' + 'ran')"],
+                              container={"secrets": {"WANDB_API_KEY": "unused-value"}})
+    console.secrets.clear()  # the console refuses: say, the attempt was stopped meanwhile
+    assert agent.runner.start(dispatch) == "started"
+    final = console.wait_final(dispatch.job_id)
+    assert final["state"] == "failed" and final["reason"].startswith("could not fetch the job's secrets: job "), final
+    assert "never ran" not in console.log(dispatch.job_id) and agent.containers() == []
 
 
 def test_uploaded_code_is_the_working_directory(agent: Agent, console: Console, base_image: str) -> None:

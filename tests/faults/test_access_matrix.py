@@ -315,6 +315,8 @@ def test_user_credentials_open_no_agent_endpoint(world, two_jobs, persona):
                 response = client.post(path, body, format="json")
             # The agent API authenticates host tokens only (401); a user who got past that is no host (403).
             assert response.status_code == (403 if name == "forced" else 401), (name, path, response.status_code)
+        secrets = client.get(f"/api/v1/agent/jobs/{vision.pk}/secrets/", {"attempt": 1})
+        assert secrets.status_code == (403 if name == "forced" else 401), (name, secrets.status_code)
     vision.refresh_from_db()
     assert vision.state == "placed" and not JobLogChunk.objects.exists() and vision.steps_done == 0
     assert services.latest_frames(["sim-t"]) == {}

@@ -11,187 +11,49 @@ Each test runs in three agent set-ups:
   in a root-only folder, work dir and artifact store outside the console's state), with PostgreSQL and Redis
   when the environment names them (CI).
 The agent must run as root to switch users: the module skips otherwise.
+
+The same probes run in a container (the podman set-up) in test_hostile_containers.py. The cluster, the set-ups and
+the checks are tests/faults/hostile.py's.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team, wait_until
+from tests.faults.hostile import (
+    MODES,
+    PIDS_MAX,
+    PY,
+    HostileCluster,
+    attempts,
+    check_links_not_followed,
+    check_nothing_leaked,
+    hostile_cluster,
+    leak_targets,
+    needs_root,
+    run_probe,
+)
+from tests.integration.live import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
-PROBE = Path(__file__).resolve().parent / "scripts" / "hostile_job.py"
-RECIPE_ENV = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "gpu-agent.env.example"
-PY = sys.executable  # the virtual environment's Python: reached through the job's view, whatever folder holds it
-MODES = ("make-run", "run-as", "systemd")
-REFUSED = ("FileNotFoundError", "PermissionError", "NotADirectoryError", "IsADirectoryError")
-# What a job's environment may hold: the agent's allow-list and what the agent sets for the job.
-JOB_ENV = re.compile(r"^(PATH|LANG|LANGUAGE|TZ|TERM|PYTHONPATH|PYTHONHASHSEED|HOME|USER|LOGNAME|TMPDIR|PYTHONUNBUFFERED|"
-                     r"CUDA_VISIBLE_DEVICES|LC_\w+|NCCL_\w+|GLOO_\w+|OMP_\w+|MKL_\w+|OPENBLAS_\w+|"
-                     r"CONSOLE_(JOB_ID|ATTEMPT|PRESET|PROGRESS_FILE|CHECKPOINT_DIR|OUTPUT_DIR|JOB_TOKEN|API_URL|"
-                     r"DEVICE|MAX_STEPS|GPU_MEMORY_LIMIT_MB|GPU_MEMORY_FRACTION))$")
-
-PIDS_MAX = 200  # processes per job (the admin's GPU_AGENT_JOB_PIDS_MAX): a fork bomb stops there
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a job to another user needs root")
-
-
-@dataclass
-class HostileCluster(LiveCluster):
-    mode: str = "make-run"
-    agent_args: list[str] = field(default_factory=list)
-    agent_env: dict[str, str] = field(default_factory=dict)
-
-    def _spawn(self, name, argv):
-        if name.startswith("agent-"):
-            argv = [*argv, *self.agent_args]  # argparse: the last --work-dir, --token-file... win
-            saved = self.env
-            self.env = {**saved, "GPU_AGENT_JOB_PIDS_MAX": str(PIDS_MAX), **self.agent_env}
-            try:
-                return super()._spawn(name, argv)
-            finally:
-                self.env = saved
-        return super()._spawn(name, argv)
-
-    def setup(self) -> None:
-        super().setup()
-        if self.mode == "systemd":  # the token where an admin copies it for the recipe
-            shutil.copy(self.base / "var" / "token-red", self.token_file)
-            self.token_file.chmod(0o600)
-
-    def submit_to(self, team: str, **spec) -> dict:
-        response = self.admin().post("/api/v1/jobs/", json={"team": team, "name": f"{team}-job", "gpus": 1, **spec})
-        assert response.status_code == 201, response.text
-        return response.json()
-
-    @property
-    def work_root(self) -> Path:
-        return Path(self.agent_env.get("GPU_AGENT_WORK_DIR") or self.base / "work" / "red")
-
-    @property
-    def artifacts(self) -> Path:
-        return Path(self.agent_env.get("CONSOLE_ARTIFACTS") or self.base / "artifacts")
-
-    @property
-    def token_file(self) -> Path:
-        return Path(self.agent_env.get("GPU_AGENT_TOKEN_FILE") or self.base / "var" / "token-red")
-
-
-def _setup(mode: str, base: Path) -> HostileCluster:
-    var = base / "var"
-    if mode == "make-run":
-        return HostileCluster(base, agents={"red": "4xH200"}, mode=mode, agent_args=["--private", str(var)])
-    if mode == "run-as":
-        return HostileCluster(base, agents={"red": "4xH200"}, mode=mode,
-                              agent_args=["--run-as", "nobody", "--job-uids", "3910000-3910099"])
-    # The systemd recipe: its agent.env as shipped, with this machine's paths and addresses.
-    etc, state, shared = base / "etc" / "gpu-agent", base / "var-lib-gpu-agent", base / "shared" / "artifacts"
-    etc.mkdir(parents=True)
-    etc.chmod(0o700)
-    places = {"/etc/gpu-agent": str(etc), "/var/lib/gpu-agent": str(state), "/shared/gpu-console/artifacts": str(shared)}
-    recipe = {}
-    for line in RECIPE_ENV.read_text().splitlines():
-        if line and not line.startswith("#") and "=" in line:
-            name, value = line.split("=", 1)
-            for place, here in places.items():
-                value = here + value[len(place):] if value == place or value.startswith(place + "/") else value
-            recipe[name] = value
-    # Where the console and broker are is the harness's (--console-url, --broker); this host is 127.0.0.1.
-    for name in ("GPU_AGENT_CONSOLE_URL", "CELERY_BROKER_URL"):
-        recipe.pop(name, None)
-    recipe.update(GPU_AGENT_NAME="red", GPU_AGENT_ADDRESS="127.0.0.1", NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
-    assert recipe["GPU_AGENT_TOKEN_FILE"] == str(etc / "token") and recipe["GPU_AGENT_WORK_DIR"] == str(state)
-    cluster = HostileCluster(base, agents={"red": "4xH200"}, mode=mode,
-                             extra_env={"CONSOLE_ARTIFACTS": shared.as_uri()}, agent_env=recipe)
-    # The options the recipe sets by environment: the harness's flags for them give way.
-    cluster.agent_args = ["--token-file", str(etc / "token"), "--work-dir", str(state), "--artifacts", str(shared)]
-    return cluster
 
 
 @pytest.fixture(scope="module", params=MODES)
 def cluster(request, tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the agent must run as root to give jobs users of their own")
-    base = tmp_path_factory.mktemp(f"hostile-{request.param}")
-    live = _setup(request.param, base)
-    try:
-        live.start()
-        admin = live.admin()
-        create_team(admin, "red", 8)
-        create_team(admin, "blue", 8)
-        live.victim_secret = f"blue-secret-{secrets.token_hex(8)}"
-        live.victim = live.submit_to("blue", workload={"command": [PY, str(PROBE), "secret", live.victim_secret,
-                                                                   "900"]})
-        found = live.wait_for(lambda: re.search(r"^victim home=(\S+) pid=(\d+)", live.log(live.victim["id"]),
-                                                re.M), timeout=90, what="the victim job to start")
-        live.victim_home, live.victim_pid = Path(found.group(1)), int(found.group(2))
-        yield live
-    finally:
-        live.stop()
-
-
-def run_probe(cluster: HostileCluster, *words: str, team: str = "red", **spec) -> tuple[dict, str]:
-    job = cluster.submit_to(team, workload={"command": [PY, str(PROBE), *words]}, **spec)
-    done = cluster.wait_state(job["id"], {"succeeded", "failed"}, timeout=180)
-    return done, cluster.admin().get(f"/api/v1/jobs/{job['id']}/logs/", params={"limit": 1_000_000}).json()["data"]
-
-
-def attempts(log: str, what: str) -> dict[str, str]:
-    return dict(re.findall(rf"^try {what} (\S+) -> (.*)$", log, re.M))
-
-
-def secrets_of(cluster: HostileCluster) -> list[str]:
-    values = [ADMIN_PASSWORD, cluster.admin_token, cluster.token_file.read_text().strip(), cluster.victim_secret]
-    values += [cluster.env[name] for name in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")
-               if cluster.env.get(name, "").startswith(("postgres", "redis"))]
-    return values
+    yield from hostile_cluster(request.param, tmp_path_factory.mktemp(f"hostile-{request.param}"))
 
 
 @needs_root
 def test_a_job_sees_no_secret_of_the_agent_nor_anything_of_another_team(cluster):
-    victim_attempt = cluster.work_root / f"job-{cluster.victim['id']}" / "attempt-1"
-    blue = cluster.artifacts / str(cluster.victim["id"])
-    var = cluster.base / "var"
-    targets = [cluster.token_file, var / "db.sqlite3", var / "broker", var / "token-red", var,
-               cluster.work_root, victim_attempt, victim_attempt / "output.log", victim_attempt / "command.json",
-               cluster.victim_home, cluster.victim_home / "secret.txt", blue / "outputs",
-               blue / "outputs" / "secret.txt", cluster.artifacts,
-               f"/proc/{cluster.victim_pid}/environ", f"/proc/{cluster.victim_pid}/cwd/secret.txt"]
-    done, log = run_probe(cluster, "env", "--", "read", *map(str, targets), "--",
-                          "creds", cluster.url, str(cluster.victim["id"]))
+    targets = leak_targets(cluster)
+    done, log = run_probe(cluster, "env", "--", "read", *targets, "--", "creds", cluster.url, str(cluster.victim["id"]))
     assert done["state"] == "succeeded" and "hostile done" in log, log
-    # Nothing secret in what the job could print: not the host token, the admin's password or token, the
-    # database's or broker's URL, nor team blue's secret.
-    for value in secrets_of(cluster):
-        assert value not in log, f"{value!r} leaked into the job's log"
-    # Its environment: the allow-list and what the agent set for it, nothing else of the agent's.
-    names = re.findall(r"^env (\w+)=", log, re.M)
-    assert "CONSOLE_JOB_TOKEN" in names and [n for n in names if not JOB_ENV.match(n)] == [], names
-    # Every file and folder of the agent, the console and team blue: refused, or not there in its view.
-    reads = attempts(log, "read")
-    assert set(reads) == set(map(str, targets)), reads
-    for target, outcome in reads.items():
-        assert outcome in REFUSED, f"{target}: {outcome}"
-    # Every credential it found, against the agent and user APIs: refused. Its own token: its own job only.
-    for what in ("agent-api", "user-api"):
-        tried = attempts(log, what)
-        assert tried and set(tried.values()) == {"401"}, tried
-    assert attempts(log, "own-job")["job-api"].startswith("200 ")
-    assert attempts(log, "own-progress")["job-api"].startswith("200 ")
-    for what in ("other-job", "other-artifacts", "other-report"):
-        assert attempts(log, what)[str(cluster.victim["id"])] == "401", (what, log)
-    assert attempts(log, "other-artifact-via-own")[str(cluster.victim["id"])] in ("400", "404")
-    # Team blue's job ran on, untouched.
-    victim = cluster.job(cluster.victim["id"])
-    assert victim["state"] == "running" and victim["attempts"] == 1
-    assert (cluster.victim_home / "secret.txt").read_text() == cluster.victim_secret
+    check_nothing_leaked(cluster, log, targets)
     # The console says how the job was isolated, in its record and on its page.
     info = done["runtime_info"]
     assert info["isolation"] == "own-uid" and "uid of its own" in info["isolation_note"]
@@ -203,17 +65,7 @@ def test_a_job_sees_no_secret_of_the_agent_nor_anything_of_another_team(cluster)
 def test_a_job_cannot_swap_its_artifacts_for_links_that_the_console_would_follow(cluster):
     done, log = run_probe(cluster, "swap")
     assert done["state"] == "succeeded", log
-    # Its artifact folder is a mount point in its view: it cannot be moved away and replaced by a link.
-    assert attempts(log, "swap") and set(attempts(log, "swap").values()) <= {"OSError", "PermissionError"}, log
-    admin = cluster.admin()
-    listed = {a["path"] for a in admin.get(f"/api/v1/jobs/{done['id']}/artifacts/").json()}
-    assert "outputs/own.txt" in listed
-    assert not {"outputs/root-link", "outputs/passwd-link", "outputs/up-link"} & listed, listed
-    for name in ("root-link", "passwd-link", "up-link", "root-link/etc/passwd", "up-link/" + str(cluster.victim["id"])):
-        answer = admin.get(f"/api/v1/jobs/{done['id']}/artifacts/outputs/{name}", follow_redirects=True)
-        assert answer.status_code == 404, name
-    own = admin.get(f"/api/v1/jobs/{done['id']}/artifacts/outputs/own.txt", follow_redirects=True)
-    assert own.content == b"the job's own output\n"
+    check_links_not_followed(cluster, done, log)
 
 
 @needs_root

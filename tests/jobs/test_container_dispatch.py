@@ -1,7 +1,10 @@
-"""A job with an image: placed only on hosts that run containers, dispatched with its ContainerSpec (secret values
-read at dispatch, never stored), and shown with the backend that ran it."""
+"""A job with an image: placed only on hosts that run containers, dispatched with its ContainerSpec (secrets by
+name only: the agent of the host the attempt is placed on fetches their values over the agent API while it is
+placed or running), and shown with the backend that ran it."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -11,12 +14,13 @@ from apps.cluster.models import GPU, Host
 from apps.cluster.services import host_token_issue
 from apps.cluster.volumes import volume_create
 from apps.jobs import services
+from apps.jobs.attempt_tokens import attempt_token
 from apps.jobs.dispatch import dispatch_job
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.scheduler import scheduler_pass
 from apps.jobs.services import JobSpec, job_submit
 from tests.cluster.test_agent_api import agent, registration
-from workers.protocol import CodeSnapshot, ContainerSpec, Dispatch, MountSpec
+from workers.protocol import RUN_JOB_TASK, CodeSnapshot, ContainerSpec, Dispatch, MountSpec, host_queue
 
 IMAGE = "localhost/train:1"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -49,7 +53,7 @@ def host_of(job: Job) -> set[str]:
     return set(Job.objects.get(pk=job.pk).allocations.values_list("gpu__host__name", flat=True))
 
 
-def test_the_dispatch_carries_the_jobs_environment_with_secrets_read_then(world, hosts):
+def test_the_dispatch_carries_the_jobs_environment_and_only_the_names_of_its_secrets(world, hosts):
     job = submit(world, image=IMAGE, env={"LR": "0.1"}, secrets=["WANDB_API_KEY"], mounts=["imagenet"],
                  code={"git": {"url": "https://example.org/r.git", "ref": COMMIT}}, shm_gb=2)
     scheduler_pass()
@@ -57,19 +61,92 @@ def test_the_dispatch_carries_the_jobs_environment_with_secrets_read_then(world,
     [(host, dispatch)] = services.dispatch_messages(Job.objects.get(pk=job.pk))
     [mount] = dispatch.container.mounts
     assert host == "sim-c" and dispatch.container == ContainerSpec(
-        image=IMAGE, env={"LR": "0.1"}, secrets={"WANDB_API_KEY": "first-value"},
+        image=IMAGE, env={"LR": "0.1"}, secrets=("WANDB_API_KEY",),
         mounts=(MountSpec(name="imagenet", source=mount.source, target="/mnt/imagenet", read_only=True),),
         code=CodeSnapshot(kind="git", url="https://example.org/r.git", ref=COMMIT, commit=COMMIT), shm_gb=2.0)
     assert mount.source.endswith("/imagenet")
-    # The message round-trips, and neither the dispatch's repr nor the job's rows hold the value.
+    # The message round-trips; what crosses the broker names the secret and holds no value.
     assert Dispatch.from_message(dispatch.to_message()) == dispatch
-    assert "first-value" not in repr(dispatch)
+    assert dispatch.to_message()["container"]["secrets"] == ["WANDB_API_KEY"]
+    assert "first-value" not in json.dumps(dispatch.to_message()) and "first-value" not in repr(dispatch)
     assert "first-value" not in str(Job.objects.filter(pk=job.pk).values().get())
     assert "first-value" not in str(list(JobEvent.objects.values()))
-    # A rotated secret reaches the next dispatch without editing the job.
+
+
+def test_the_message_sent_to_the_broker_holds_no_secret_value(world, hosts, monkeypatch):
+    job = submit(world, image=IMAGE, secrets=["WANDB_API_KEY"])
+    scheduler_pass()
+    sent = []
+    from celery import current_app
+
+    monkeypatch.setattr(current_app, "send_task", lambda name, **kwargs: sent.append((name, kwargs)))
+    dispatch_job(job.pk)
+    [(name, kwargs)] = sent
+    assert name == RUN_JOB_TASK and kwargs["queue"] == host_queue("sim-c")
+    payload = json.dumps(kwargs["args"])
+    assert "WANDB_API_KEY" in payload and "first-value" not in payload
+
+
+def fetch(secret: str, job: Job, attempt: int | None = None):
+    return agent(secret).get(f"/api/v1/agent/jobs/{job.pk}/secrets/",
+                             {"attempt": job.attempts if attempt is None else attempt})
+
+
+def test_the_agent_of_the_placed_attempt_fetches_the_values_and_no_one_else(world, hosts, client_for):
+    job, neighbour, waiting = (submit(world, image=IMAGE, secrets=["WANDB_API_KEY"]) for _ in range(3))
+    scheduler_pass()  # sim-c has two GPUs: the third waits
+    job.refresh_from_db()
+    assert host_of(job) == host_of(neighbour) == {"sim-c"} and job.state == "placed"
+    assert Job.objects.get(pk=waiting.pk).state == "queued"
+    answer = fetch(hosts["sim-c"], job)
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"attempt": 1, "values": {"WANDB_API_KEY": "first-value"}}
+    assert answer["Cache-Control"] == "no-store"
+    # A rotated secret reaches the next fetch without editing the job.
     secret_rotate(secret=TeamSecret.objects.get(name="WANDB_API_KEY"), value="second-value", actor=world.manager)
-    [(_, again)] = services.dispatch_messages(Job.objects.get(pk=job.pk))
-    assert again.container.secrets == {"WANDB_API_KEY": "second-value"}
+    assert fetch(hosts["sim-c"], job).json()["values"] == {"WANDB_API_KEY": "second-value"}
+    # Another host, an older or later attempt: refused, naming no value.
+    for secret, attempt in ((hosts["sim-p"], None), (hosts["sim-c"], 0), (hosts["sim-c"], 2)):
+        refused = fetch(secret, job, attempt)
+        assert refused.status_code == 409 and "value" not in refused.content.decode(), refused.content
+    # Another job: its own attempt's values to the host it is placed on; a job placed nowhere: refused.
+    assert fetch(hosts["sim-c"], Job.objects.get(pk=neighbour.pk)).status_code == 200
+    assert fetch(hosts["sim-c"], Job.objects.get(pk=waiting.pk)).status_code == 409
+    assert agent(hosts["sim-c"]).get("/api/v1/agent/jobs/999999/secrets/", {"attempt": 1}).status_code == 409
+    # No attempt, or not a number: 400 naming it. The job token, a user's token, none: 401.
+    assert agent(hosts["sim-c"]).get(f"/api/v1/agent/jobs/{job.pk}/secrets/").json()["attempt"]
+    assert agent(hosts["sim-c"]).get(f"/api/v1/agent/jobs/{job.pk}/secrets/", {"attempt": "x"}).status_code == 400
+    from rest_framework.test import APIClient
+
+    for header in (f"Job {attempt_token(job.pk, job.attempts)}", "Host not-a-token", ""):
+        client = APIClient()
+        if header:
+            client.credentials(HTTP_AUTHORIZATION=header)
+        assert client.get(f"/api/v1/agent/jobs/{job.pk}/secrets/", {"attempt": 1}).status_code == 401, header
+    assert client_for(world.member).get(f"/api/v1/agent/jobs/{job.pk}/secrets/", {"attempt": 1}).status_code in (
+        401, 403)
+
+
+def test_a_finished_job_s_secrets_are_refused(world, hosts):
+    job = submit(world, image=IMAGE, secrets=["WANDB_API_KEY"])
+    scheduler_pass()
+    report = agent(hosts["sim-c"]).post(f"/api/v1/agent/jobs/{job.pk}/status/", {"state": "running", "attempt": 1},
+                                        format="json")
+    assert report.status_code == 200, report.content
+    assert fetch(hosts["sim-c"], Job.objects.get(pk=job.pk)).status_code == 200  # running: still its agent's
+    ended = agent(hosts["sim-c"]).post(f"/api/v1/agent/jobs/{job.pk}/status/",
+                                       {"state": "succeeded", "attempt": 1, "exit_code": 0}, format="json")
+    assert ended.status_code == 200 and Job.objects.get(pk=job.pk).state == "succeeded"
+    refused = fetch(hosts["sim-c"], Job.objects.get(pk=job.pk))
+    assert refused.status_code == 409 and "first-value" not in refused.content.decode()
+
+
+def test_a_secret_deleted_after_placement_is_refused_by_name(world, hosts):
+    job = submit(world, image=IMAGE, secrets=["WANDB_API_KEY"])
+    scheduler_pass()
+    secret_delete(secret=TeamSecret.objects.get(name="WANDB_API_KEY"), actor=world.manager)
+    refused = fetch(hosts["sim-c"], Job.objects.get(pk=job.pk))
+    assert refused.status_code == 400 and "WANDB_API_KEY" in str(refused.json()["secrets"]), refused.content
 
 
 def test_a_job_without_an_image_runs_as_before_on_any_host(world, hosts):

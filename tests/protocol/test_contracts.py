@@ -13,10 +13,13 @@ from hypothesis import strategies as st
 from workers.protocol import (
     JOB_ENV_VARIABLES,
     CheckpointRecord,
+    ContainerSpec,
     EnvError,
     JobEnvironment,
     JobIsolation,
+    JobSecrets,
     JobStatus,
+    ProtocolError,
     ResultRecord,
     RunningDetails,
     ServingProgress,
@@ -150,3 +153,16 @@ def test_running_details_keep_only_what_the_console_can_use() -> None:
     details = RunningDetails.from_details(hostile)
     assert details == RunningDetails(limits={"cpus": 2, "reason": "r" * 300, "pids": None})
     assert RunningDetails.from_details({"limits": "all"}).limits is None
+
+
+def test_a_dispatch_names_secrets_and_their_values_travel_apart() -> None:
+    spec = ContainerSpec.from_message({"image": "i", "secrets": ["WANDB_API_KEY", "HF_TOKEN"]})
+    assert spec.secrets == ("WANDB_API_KEY", "HF_TOKEN")
+    with pytest.raises(ValueError, match="list of names"):  # the old shape, values inside: refused
+        ContainerSpec.from_message({"image": "i", "secrets": {"WANDB_API_KEY": "v"}})
+    fetched = JobSecrets(attempt=2, values={"WANDB_API_KEY": "value-42"})
+    assert JobSecrets.from_message(json.loads(json.dumps(fetched.to_message()))) == fetched
+    assert "value-42" not in repr(fetched)
+    for bad in ({"attempt": 1}, {"attempt": 1, "values": {"A": 1}}, {"attempt": "x", "values": {}}, []):
+        with pytest.raises(ProtocolError):
+            JobSecrets.from_message(bad)

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from workers.protocol import JobStatus, Registration
+from workers.protocol import JobSecrets, JobStatus, ProtocolError, Registration, job_secrets_path
 
 logger = logging.getLogger("workers.agent")
 
@@ -78,3 +78,43 @@ class ConsoleClient:
 
     def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
         self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "progress": progress})
+
+    def job_secrets(self, job_id: int, attempt: int, *, attempts: int = 5) -> dict[str, str]:
+        """The values of the job's team secrets, for its attempt `attempt` on this host (never in the dispatch).
+        ConsoleRejected: the console refuses (the attempt is not this host's, or not placed or running any
+        more, or a secret is gone); its words are the reason."""
+        delay = 0.5
+        for attempt_no in range(attempts):
+            try:
+                response = self._http.get(job_secrets_path(job_id), params={"attempt": attempt})
+                if response.status_code == 401:
+                    raise AgentConfigError("the console does not accept this host token (issue a new one)")
+                if response.status_code in (400, 404, 409):
+                    raise ConsoleRejected(_detail(response))
+                response.raise_for_status()
+                secrets = JobSecrets.from_message(response.json())
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                if attempt_no == attempts - 1:
+                    raise
+                logger.warning("console unreachable for job %s's secrets (%s); retrying in %.1f s", job_id, exc,
+                               delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            except ValueError as exc:  # not JSON, or not JobSecrets (ProtocolError is a ValueError)
+                raise ConsoleRejected(f"the console's answer is not the job's secrets: {exc}") from None
+            if secrets.attempt != attempt:
+                raise ProtocolError(f"secrets for attempt {secrets.attempt}, asked for {attempt}")
+            return secrets.values
+        raise AssertionError("unreachable")
+
+
+def _detail(response: httpx.Response) -> str:
+    """The refusal's words: DRF's `detail`, or the fields InvalidInput names."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])[:500]
+    return str(body)[:500]

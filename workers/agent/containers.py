@@ -10,8 +10,11 @@ removes the container itself if the agent is gone (`--orphan-cleanup`); otherwis
 Inside: the job's own uid (--user), no capabilities, no-new-privileges, its limits (memory without swap, CPUs,
 pids, /dev/shm), its GPUs by UUID only, no network unless it rendezvouses across hosts or serves, its home,
 checkpoints, outputs and code at fixed paths, the admin's mounts (only below --volume-root), the job runtime
-read-only on PYTHONPATH. Every variable (secrets included) goes through an --env-file that lives in memory (a
-memfd passed down to podman), never on a command line or on disk; the job's output is masked of secret values.
+read-only on PYTHONPATH. The dispatch names the job's secrets only: their values are fetched from the console
+(the agent API, host token) just before the container starts. Every variable (secrets included) goes through an
+--env-file that lives in memory (a memfd passed down to podman), never on the agent's command line or disk; the
+job's output is masked of secret values, and its container is removed when it ends (the agent's shutdown waits
+for that), so podman's copy of its configuration does not outlive it.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from workers.agent import codefetch
 from workers.agent.cgroups import GIB, CgroupSupport, JobCgroup, Limits, format_gb
+from workers.agent.client import AgentConfigError, ConsoleRejected
 from workers.agent.masking import SecretMask
 from workers.protocol import (
     CODE_PATH,
@@ -52,6 +58,7 @@ from workers.protocol import (
     ImageRecord,
     JobIsolation,
     MountSpec,
+    ProtocolError,
 )
 
 if TYPE_CHECKING:
@@ -263,7 +270,6 @@ class ContainerRuntime:
         job.container = ContainerJob(
             name=f"gpu-console-{host}-job-{dispatch.job_id}-{dispatch.attempt}", image=dispatch.container.image,
             resolved=self.resolve(dispatch.container.image),
-            mask=SecretMask(dispatch.container.secrets.values()),
             limits=Limits.of(dispatch.cpus, dispatch.memory_gb))
         job.home = job.workdir / "home"
         if job.user is None:  # never root inside: the --run-as user, else a uid no account uses
@@ -330,7 +336,23 @@ class ContainerRuntime:
             raise ContainerError(f"mount {mount.name}: {mount.source} does not exist on this host")
         return _bind(source, str(target), read_only=mount.read_only)
 
-    def environment(self, job: JobProcess, runner: JobRunner) -> dict[str, str]:
+    def secrets(self, job: JobProcess, runner: JobRunner) -> dict[str, str]:
+        """The values of the secrets the dispatch names, fetched now from the console; ContainerError if it
+        refuses or cannot be reached, or leaves one out."""
+        dispatch = job.dispatch
+        names = dispatch.container.secrets
+        if not names:
+            return {}
+        try:
+            values = runner.client.job_secrets(dispatch.job_id, dispatch.attempt)
+        except (ConsoleRejected, AgentConfigError, ProtocolError, httpx.HTTPError) as exc:
+            raise ContainerError(f"could not fetch the job's secrets: {exc}") from None
+        missing = sorted(set(names) - set(values))
+        if missing:
+            raise ContainerError(f"could not fetch the job's secrets: the console sent none for {', '.join(missing)}")
+        return {name: values[name] for name in names}
+
+    def environment(self, job: JobProcess, runner: JobRunner, secrets: dict[str, str]) -> dict[str, str]:
         """The variables inside the container: plain env, the job's CONSOLE_* at container paths, secrets."""
         spec = job.dispatch.container
         env = {k: v for k, v in os.environ.items() if k.startswith(INHERITED_PREFIXES)}
@@ -344,7 +366,7 @@ class ContainerRuntime:
         if gated(job.dispatch):  # the gate holds the replica's secret; the server only learns its port
             own = replace(own, replica_secret="", serve_port=REPLICA_SERVER_PORT)
         env.update(own.to_env())
-        env.update({k: v for k, v in spec.secrets.items() if k not in JOB_ENV_VARIABLES})
+        env.update({k: v for k, v in secrets.items() if k not in JOB_ENV_VARIABLES})
         return env
 
     def run_argv(self, job: JobProcess, binds: list[list[str]], env_path: str, command: list[str]) -> list[str]:
@@ -399,7 +421,9 @@ class ContainerRuntime:
         assert job.container is not None
         binds = self.prepare(job, runner, log)
         job.cgroup = self.cgroup(job.dispatch)  # removed by the runner when the job ends, as a process job's
-        env = self.environment(job, runner)
+        secrets = self.secrets(job, runner)  # last, just before the start: the values live no longer than needed
+        job.container.mask = SecretMask(secrets.values())  # before any output of the job is read
+        env = self.environment(job, runner, secrets)
         for name, value in env.items():
             if "\n" in value or "\r" in value or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ContainerError(f"variable {name!r} cannot be passed to the container (a bad name, or a "

@@ -62,6 +62,7 @@ logger = logging.getLogger("workers.agent")
 
 PR_SET_PDEATHSIG = 1
 LOG_FLUSH_INTERVAL_S = 0.5
+SHUTDOWN_CLEANUP_S = 5.0  # past the grace period, what a stopped container's removal may take at shutdown
 LOG_FLUSH_BYTES = 256 * 1024
 PROGRESS_INTERVAL_S = 1.0
 PROGRESS_READ_MAX = 1024 * 1024
@@ -238,6 +239,8 @@ class JobProcess:
     cgroup: JobCgroup | None = None  # its memory, CPU and process limits (workers/agent/cgroups.py)
     container: ContainerJob | None = None  # a job in an image (workers/agent/containers.py)
     progress_file: Path | None = None  # where its progress is read, if not its home's progress file
+    # Set once its processes are gone and its container removed (the agent's shutdown waits for it).
+    ended: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         if self.home is None:
@@ -384,9 +387,17 @@ class JobRunner:
             self._terminate(job, grace)
         return bool(matches)
 
-    def shutdown(self, reason: str = "the agent shut down") -> None:
-        for job_id, attempt in self.running():
-            self.stop(job_id, attempt, reason, state="failed")
+    def shutdown(self, reason: str = "the agent shut down", wait_s: float | None = None) -> None:
+        """Stop every job, then wait (the grace period and a few seconds, or `wait_s`) until each one's processes
+        are gone and its container removed: the agent must not exit before it has removed a container it ran."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            self.stop(job.dispatch.job_id, job.dispatch.attempt, reason, state="failed")
+        deadline = time.monotonic() + (self.grace_s + SHUTDOWN_CLEANUP_S if wait_s is None else wait_s)
+        for job in jobs:
+            if job.process is not None and not job.ended.wait(max(0.0, deadline - time.monotonic())):
+                logger.warning("job %s: still ending when the agent stopped waiting", job.dispatch.job_id)
 
     # --- one job
 
@@ -583,6 +594,7 @@ class JobRunner:
         return JobStatus("failed", attempt, exit_code=code, reason=describe_exit(returncode), node_rank=rank)
 
     def _finish(self, job: JobProcess, status: JobStatus) -> None:
+        job.ended.set()  # its processes are gone and its container removed (collect): the rest is reporting
         if job.cgroup is not None:  # its processes are done: kill any left in the cgroup, remove it
             status.details.update(job.cgroup.remove_and_report())
         self._send_log(job, f"[agent] {status.state}: {status.reason}\n")

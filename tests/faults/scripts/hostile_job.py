@@ -7,6 +7,9 @@ might, and prints one line per attempt, `try <what> <target> -> <outcome>`. Stan
                                             and its own job token against other jobs' records and artifacts
     hostile_job.py swap                     swap its artifact folder for a link; plant links in it
     hostile_job.py replicas CONSOLE_URL     find listening ports on this host and call each as a replica
+    hostile_job.py whoami                   its uid, capabilities, device nodes and network interfaces; then
+                                            the privileged calls it tries (setuid 0, mknod, chroot, mount)
+    hostile_job.py signal PID...            SIGKILL each process (another job's)
     hostile_job.py forkbomb                 fork without end; report how far it got
     hostile_job.py hog GB                   allocate and touch GB of memory
     hostile_job.py secret TEXT SECONDS      a victim: leave TEXT in its home, outputs and log, then sleep
@@ -17,11 +20,14 @@ Commands chain: `hostile_job.py env -- read A B -- swap` runs the three in turn.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.client
 import json
 import os
 import re
+import signal
 import socket
+import stat
 import sys
 import time
 import urllib.error
@@ -147,6 +153,66 @@ def replicas(console: str) -> None:
                 say("replica", f"{address}:{port}{path}", outcome)
 
 
+def whoami() -> None:
+    print(f"whoami uid={os.getuid()} euid={os.geteuid()} gid={os.getgid()} groups={sorted(os.getgroups())}",
+          flush=True)
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            name, _, value = line.partition(":")
+            if name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+                print(f"status {name}={value.strip()}", flush=True)
+    devices = []
+    for name in sorted(os.listdir("/dev")):
+        with contextlib.suppress(OSError):
+            mode = os.lstat(os.path.join("/dev", name)).st_mode  # not through /dev/stdin's link
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                devices.append(name)
+    print(f"devices {' '.join(devices)}", flush=True)
+    with open("/proc/net/dev") as handle:
+        print(f"interfaces {' '.join(sorted(line.split(':')[0].strip() for line in list(handle)[2:]))}", flush=True)
+    # Each in a folder of its own (its working folder), harmless even where one succeeds: a node like /dev/null,
+    # a tmpfs on a folder it made.
+    os.makedirs("probe-mount", exist_ok=True)
+    attempts = {
+        "setuid": lambda: os.setuid(0),
+        "mknod": lambda: os.mknod("probe-null", stat.S_IFCHR | 0o600, os.makedev(1, 3)),
+        "chroot": lambda: os.chroot("."),
+        "mount": lambda: ctypes.CDLL(None, use_errno=True).mount(b"none", b"probe-mount", b"tmpfs", 0, None) == 0
+        or _raise_errno(),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            say("privileged", what, "done")
+        except OSError as exc:
+            say("privileged", what, type(exc).__name__)
+    # Lift its own limits through whichever cgroup files it can see (v1 or v2).
+    for path in ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                 "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/memory.max"):
+        if os.path.exists(path):
+            try:
+                with open(path, "w") as handle:
+                    handle.write("max\n" if "pids" in path or path.endswith(".max") else "-1\n")
+                say("unlimit", path, "written")
+            except OSError as exc:
+                say("unlimit", path, type(exc).__name__)
+
+
+def _raise_errno() -> None:
+    number = ctypes.get_errno()
+    raise OSError(number, os.strerror(number))
+
+
+def kill(pids: list[str]) -> None:
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+            outcome = "killed"
+        except OSError as exc:
+            outcome = type(exc).__name__
+        say("signal", pid, outcome)
+
+
 def forkbomb() -> None:
     children = 0
     started = time.monotonic()
@@ -188,6 +254,8 @@ COMMANDS = {
     "creds": lambda args: creds(args[0], args[1:]),
     "swap": lambda args: swap(),
     "replicas": lambda args: replicas(args[0]),
+    "whoami": lambda args: whoami(),
+    "signal": kill,
     "forkbomb": lambda args: forkbomb(),
     "hog": lambda args: hog(float(args[0])),
     "secret": lambda args: secret(args[0], float(args[1])),
