@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "axes",
     "apps.core",
@@ -309,6 +310,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and follow GPU jobs, manage teams, quotas and hosts.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's files from drf-spectacular-sidecar, served as the console's static files (no CDN at run time).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "PREPROCESSING_HOOKS": ["apps.core.schema.drop_slashed_twins"],
     # Every operation's error answers (400/401/403/404/503) besides the success one drf-spectacular documents.
