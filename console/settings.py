@@ -89,6 +89,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Above the middleware that answer an exception themselves: it sees only what they leave.
+    "apps.core.error_pages.ErrorPagesMiddleware",
     "apps.core.middleware.DatabaseUnavailableMiddleware",
     "apps.dashboard.errors.DomainErrorMiddleware",
     # Last: it turns a locked-out login into its lockout response.
@@ -109,6 +111,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "apps.dashboard.context.nav",
             ],
         },
     },
