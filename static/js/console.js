@@ -78,6 +78,27 @@
     return tMax;
   }
 
+  function two(n) { return n < 10 ? "0" + n : String(n); }
+
+  /* Time ticks in 24-hour local time: seconds when ticks are under a minute apart, the date when the span is over a day. */
+  function timeTicks(u, splits, axisIdx, space, incr) {
+    var long = u.scales.x.max - u.scales.x.min > 86400;
+    return splits.map(function (t) {
+      var d = new Date(t * 1000);
+      var text = two(d.getHours()) + ":" + two(d.getMinutes()) + (incr < 60 ? ":" + two(d.getSeconds()) : "");
+      return long ? d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " + text : text;
+    });
+  }
+
+  function tick(v) { return v === 0 ? "0" : fmt(v); }
+
+  /* A value axis as wide as its longest label. */
+  function axisSize(u, values) {
+    var longest = 0;
+    (values || []).forEach(function (v) { longest = Math.max(longest, String(v).length); });
+    return Math.max(32, Math.ceil(longest * 7) + 20);
+  }
+
   /* One sample draws a point (a line needs two); a series with few samples shows its points. */
   function fewPoints(u, si) {
     var d = u.data[si], n = 0;
@@ -97,7 +118,10 @@
     var labels = state.labels;
     var unit = opts.unit || "";
     var series = [{ label: "Time (" + ZONE + ")", value: function (u, t) {
-      return t === null || t === undefined ? "—" : new Date(t * 1000).toLocaleString([], { hour12: false });
+      if (t === null || t === undefined) { return "—"; }
+      var d = new Date(t * 1000);
+      return d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " + two(d.getHours()) + ":"
+        + two(d.getMinutes()) + ":" + two(d.getSeconds());
     } }];
     labels.forEach(function (label, n) {
       series.push({
@@ -123,23 +147,27 @@
       legend: { show: !spark, live: true },
       cursor: spark ? { y: false, points: { show: false } } : { y: false },
       scales: {
-        x: { time: true, range: function (u, lo, hi) {
-          if (opts.windowS && hi !== null) { return [hi - opts.windowS, hi]; }
-          if (lo === null || hi === null) { var now = Date.now() / 1000; return [now - 60, now]; }
+        /* from the data itself: uPlot widens a one-sample time range to years */
+        x: { time: true, range: function (u) {
+          var t = u.data[0], lo = t.length ? t[0] : null, hi = t.length ? t[t.length - 1] : null;
+          if (hi === null) { var now = Date.now() / 1000; return [now - (opts.windowS || 60), now]; }
+          if (opts.windowS) { return [hi - opts.windowS, hi]; }
           return hi - lo < 1 ? [lo - 30, hi + 30] : [lo, hi];
         } },
         y: { range: function (u, lo, hi) { return range(u, lo, hi, opts.min, opts.max); } },
       },
       axes: spark ? [{ show: false }, { show: false }] : [
-        { stroke: pal.axis, font: axisFont, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid } },
-        { stroke: pal.axis, font: axisFont, size: 44, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
-          values: function (u, splits) { return splits.map(function (v) { return fmt(v); }); } },
+        { stroke: pal.axis, font: axisFont, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
+          values: timeTicks },
+        { stroke: pal.axis, font: axisFont, size: axisSize, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
+          values: function (u, splits) { return splits.map(tick); } },
       ],
       series: series,
       hooks: spark ? { setCursor: [function (u) {
         /* a sparkline has no legend: its hover value is the tooltip */
         var i = u.cursor.idx;
-        u.root.title = i === null || i === undefined ? "" : series[0].value(u, u.data[0][i]) + ": " + series[1].value(u, u.data[1][i]);
+        u.root.title = i === null || i === undefined ? ""
+          : labels[0] + " " + series[1].value(u, u.data[1][i]) + " at " + series[0].value(u, u.data[0][i]);
       }] } : {},
     };
     state.chart = new window.uPlot(config, state.data, state.box);
@@ -236,8 +264,8 @@
       axes: [
         { stroke: pal.axis, font: axisFont, grid: { show: false }, ticks: { stroke: pal.grid },
           splits: function () { return xs; }, values: function (u, splits) { return splits.map(function (i) { return categories[i] || ""; }); } },
-        { stroke: pal.axis, font: axisFont, size: 50, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
-          values: function (u, splits) { return splits.map(function (v) { return fmt(v) + unit; }); } },
+        { stroke: pal.axis, font: axisFont, size: axisSize, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
+          values: function (u, splits) { return splits.map(function (v) { return tick(v) + unit; }); } },
       ],
       series: series,
     }, [xs].concat(order.map(function (n) { return tops[n]; })), box);
