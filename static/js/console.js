@@ -193,11 +193,14 @@
         target.parentNode.insertBefore(box, target.nextSibling);
       }
       box.className = (box.className ? box.className + " " : "") + (opts.axis ? "chart" : "chart spark-chart");
-      var empty = document.createElement("p");
-      empty.className = "chart-empty";
-      empty.textContent = "no data yet";
-      empty.hidden = true;
-      box.appendChild(empty);
+      var empty = null;
+      if (opts.axis) { /* a sparkline's cell says "no data" itself */
+        empty = document.createElement("p");
+        empty.className = "chart-empty";
+        empty.textContent = "no data yet";
+        empty.hidden = true;
+        box.appendChild(empty);
+      }
       var caption = target.closest && target.closest("figure") && target.closest("figure").querySelector("figcaption");
       state = target._gcChart = { box: box, empty: empty, width: width, height: height || (opts.axis ? 140 : 28),
         ariaLabel: target.getAttribute("aria-label"), defaultLabel: caption ? caption.textContent : "value" };
@@ -217,7 +220,7 @@
     var data = columns(rings, opts.windowS && tMax > -Infinity ? tMax - opts.windowS : -Infinity);
     state.opts = opts;
     state.data = data;
-    if (opts.axis) { state.empty.hidden = data[0].length > 0; }
+    if (state.empty) { state.empty.hidden = data[0].length > 0; }
     if (state.chart && state.labels && state.labels.join("\n") === labels.join("\n")) {
       state.chart.setData(data);
       return;
