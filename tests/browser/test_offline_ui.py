@@ -45,9 +45,19 @@ def offline(page) -> list[str]:
 
 
 def sample(gpu, at, util, job=None) -> GpuSampleBucket:
-    return GpuSampleBucket(gpu=gpu, resolution_s=10, bucket_start=at, job=job, samples=10, available_samples=10,
-                           utilization_avg=util, memory_used_max_mb=20000, memory_total_mb=143771,
-                           temperature_max=50.0, power_avg_w=200.0)
+    return GpuSampleBucket(
+        gpu=gpu,
+        resolution_s=10,
+        bucket_start=at,
+        job=job,
+        samples=10,
+        available_samples=10,
+        utilization_avg=util,
+        memory_used_max_mb=20000,
+        memory_total_mb=143771,
+        temperature_max=50.0,
+        power_avg_w=200.0,
+    )
 
 
 def test_api_docs_render_with_the_network_blocked(world, page_for, artifacts):
@@ -63,12 +73,21 @@ def test_api_docs_render_with_the_network_blocked(world, page_for, artifacts):
 
 def test_overview_and_job_charts_are_uplot_with_time_axes_and_hover_values(world, page_for, artifacts):
     now = timezone.now()
-    job = make_job(world.vision, world.member, state=Job.State.RUNNING, gpus=1, name="one-sample",
-                   placed_at=now - timedelta(minutes=2), started_at=now - timedelta(minutes=2))
+    job = make_job(
+        world.vision,
+        world.member,
+        state=Job.State.RUNNING,
+        gpus=1,
+        name="one-sample",
+        placed_at=now - timedelta(minutes=2),
+        started_at=now - timedelta(minutes=2),
+    )
     hold(job, world.gpus[:1], now - timedelta(minutes=2))
+    # GPU 0 has one sample: its charts must draw a point, not an empty frame.
     GpuSampleBucket.objects.bulk_create(
-        [sample(world.gpus[0], now - timedelta(seconds=30), 73.0, job)]  # one sample: a point, not an empty frame
-        + [sample(world.gpus[1], now - timedelta(seconds=10 * (20 - k)), 20 + 3 * k) for k in range(20)])
+        [sample(world.gpus[0], now - timedelta(seconds=30), 73.0, job)]
+        + [sample(world.gpus[1], now - timedelta(seconds=10 * (20 - k)), 20 + 3 * k) for k in range(20)]
+    )
     page = page_for(world.member)
     tried = offline(page)
     page.goto("/")
@@ -78,7 +97,9 @@ def test_overview_and_job_charts_are_uplot_with_time_axes_and_hover_values(world
     spark = f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot canvas"
     assert page.evaluate(COUNT_COLOUR, [spark, accent]) > 20
     page.locator(f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot .u-over").hover()
-    assert "utilization" in page.locator(f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot").get_attribute("title")
+    assert "utilization" in page.locator(f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot").get_attribute(
+        "title"
+    )
 
     page.goto(f"/jobs/{job.pk}/")
     charts = page.locator("#gpu-charts .chart .uplot")
@@ -86,7 +107,8 @@ def test_overview_and_job_charts_are_uplot_with_time_axes_and_hover_values(world
     assert charts.count() == 4
     util = page.locator("#gpu-charts figure").first
     assert util.locator(".u-axis").count() == 2  # a time axis and a value axis
-    assert page.evaluate(COUNT_COLOUR, ["#gpu-charts figure .uplot canvas", accent]) > 4  # the one sample's point
+    point = page.evaluate(COUNT_COLOUR, ["#gpu-charts figure .uplot canvas", accent])
+    assert point > 4  # the one sample's point
     legend = util.locator(".u-legend")
     assert world.gpus[0].uuid[:12] in legend.inner_text()
     assert "Time (" in legend.inner_text()  # the axis says its time zone
@@ -105,7 +127,8 @@ def test_overview_and_job_charts_are_uplot_with_time_axes_and_hover_values(world
 def test_dark_mode_follows_the_browser_and_redraws_the_charts(world, page_for, artifacts):
     now = timezone.now()
     GpuSampleBucket.objects.bulk_create(
-        [sample(world.gpus[1], now - timedelta(seconds=10 * (20 - k)), 20 + 3 * k) for k in range(20)])
+        [sample(world.gpus[1], now - timedelta(seconds=10 * (20 - k)), 20 + 3 * k) for k in range(20)]
+    )
     page = page_for(world.member)
     page.goto("/")
     light = page.evaluate("getComputedStyle(document.body).backgroundColor")
@@ -116,7 +139,7 @@ def test_dark_mode_follows_the_browser_and_redraws_the_charts(world, page_for, a
     assert (light, dark) == ("rgb(246, 247, 249)", "rgb(13, 17, 23)")
     accent = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--chart-1').trim()")
     assert accent == "#58a6ff"
-    page.wait_for_function(f"({COUNT_COLOUR})([\"{spark}\", \"{accent}\"]) > 20")  # redrawn in the dark palette
+    page.wait_for_function(f'({COUNT_COLOUR})(["{spark}", "{accent}"]) > 20')  # redrawn in the dark palette
     page.screenshot(path=str(artifacts / "overview-dark.png"), full_page=True)
 
     report = page_for(world.admin)
@@ -125,7 +148,10 @@ def test_dark_mode_follows_the_browser_and_redraws_the_charts(world, page_for, a
     hold(job, world.gpus[:1], now - timedelta(hours=2), now - timedelta(hours=1))
     report.goto("/reports/usage/")
     report.locator("#report-chart .uplot").wait_for()
-    assert report.evaluate("getComputedStyle(document.querySelector('#by-team th')).backgroundColor") == "rgb(33, 38, 45)"
+    assert (
+        report.evaluate("getComputedStyle(document.querySelector('#by-team th')).backgroundColor")
+        == "rgb(33, 38, 45)"
+    )
     report.screenshot(path=str(artifacts / "usage-report-dark.png"), full_page=True)
 
 

@@ -38,7 +38,10 @@ def test_agent_and_progress_posts_are_left_out_and_people_requests_kept(access, 
     line(logger, "POST", "/api/v1/jobs/", 201)
     line(logger, "POST", "/api/v1/agent/heartbeat/", 401)  # a refused agent is worth a line
     assert [r.getMessage().split('"')[1] for r in caplog.records] == [
-        "GET /jobs/ HTTP/1.1", "POST /api/v1/jobs/ HTTP/1.1", "POST /api/v1/agent/heartbeat/ HTTP/1.1"]
+        "GET /jobs/ HTTP/1.1",
+        "POST /api/v1/jobs/ HTTP/1.1",
+        "POST /api/v1/agent/heartbeat/ HTTP/1.1",
+    ]
 
 
 def test_the_environment_turns_them_back_on(access, monkeypatch):

@@ -49,7 +49,9 @@ def test_member_removal_asks_first(world, web):
 
 
 @pytest.mark.parametrize("debug", [False, True])
-def test_403_404_and_500_are_the_consoles_pages_with_debug_on_and_off(world, web, settings, debug, monkeypatch):
+def test_403_404_and_500_are_the_consoles_pages_with_debug_on_and_off(
+    world, web, settings, debug, monkeypatch
+):
     settings.DEBUG = debug
     client = web(world.viewer)
     for url in ("/no-such-page/", "/jobs/999999/"):
