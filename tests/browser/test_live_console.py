@@ -124,7 +124,7 @@ def test_live_console_in_a_browser(cluster, login):
     assert page.evaluate("window.__noReload") == "still-the-same-document"
     assert "burn start" in page.locator("#job-log").inner_text()
     assert page.locator("#job-placed").inner_text().startswith("br-a:")  # placed after the page loaded
-    page.wait_for_function("document.querySelectorAll('#gpu-charts canvas').length === 4")  # its GPU's charts
+    page.wait_for_function("document.querySelectorAll('#gpu-charts figure .uplot').length === 4")  # its GPU's charts
     assert "→ running" in page.locator("#job-events").inner_text()
     seen_states = {first_state, "running"}
 
