@@ -55,6 +55,15 @@
 
   /* The rings as uPlot's columns: one sorted time axis, one column per ring (null where a ring has no sample). */
   function columns(rings, tFrom) {
+    if (rings.length === 1) { /* one ring (every sparkline): its own order, when it is in time order */
+      var ts = [], vs = [], sorted = true;
+      rings[0].forEach(function (t, v) {
+        if (t < tFrom) { return; }
+        if (ts.length && t <= ts[ts.length - 1]) { sorted = false; }
+        ts.push(t); vs.push(isNaN(v) ? null : v);
+      });
+      if (sorted) { return [ts, vs]; }
+    }
     var byT = {}, times = [];
     rings.forEach(function (r, n) {
       r.forEach(function (t, v) {
