@@ -20,7 +20,7 @@ migrate: $(STAMP)
 
 run: migrate
 	$(PY) manage.py bootstrap_console
-	@echo "Console: http://127.0.0.1:$${CONSOLE_PORT:-8000}  (admin at /admin/, API docs at /api/docs/)"
+	@echo "Console: http://$${CONSOLE_HOST:-127.0.0.1}:$${CONSOLE_PORT:-8000}  (admin at /admin/, API docs at /api/docs/)"
 	$(VENV)/bin/honcho start -f Procfile
 
 test: $(STAMP)

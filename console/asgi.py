@@ -9,12 +9,13 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from console import log_redaction
+from console import access_log, log_redaction
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 django_asgi_app = get_asgi_application()
 # After Django's own logging setup: no websocket ticket reaches a log line of the ASGI server.
 log_redaction.install()
+access_log.install()  # the agents' and jobs' own posts stay out of the access log (CONSOLE_ACCESS_LOG_AGENTS=1: in)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "axes",
     "apps.core",
@@ -89,6 +90,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Above the middleware that answer an exception themselves: it sees only what they leave.
+    "apps.core.error_pages.ErrorPagesMiddleware",
     "apps.core.middleware.DatabaseUnavailableMiddleware",
     "apps.dashboard.errors.DomainErrorMiddleware",
     # Last: it turns a locked-out login into its lockout response.
@@ -109,6 +112,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "apps.dashboard.context.nav",
             ],
         },
     },
@@ -318,6 +322,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and follow GPU jobs, manage teams, quotas and hosts.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's files from drf-spectacular-sidecar, served as the console's static files (no CDN at run time).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "PREPROCESSING_HOOKS": ["apps.core.schema.drop_slashed_twins"],
     # Every operation's error answers (400/401/403/404/503) besides the success one drf-spectacular documents.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
-from django.shortcuts import redirect
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
 from django.utils.deprecation import MiddlewareMixin
 from django.utils.http import url_has_allowed_host_and_scheme
 
@@ -33,6 +33,11 @@ def form_refusal(form: forms.Form, exc: DomainError) -> None:
                            problem if field in form.fields else f"{field}: {problem}")
 
 
+def forbidden(request: HttpRequest, message: str) -> HttpResponse:
+    """A page's refusal: the console's 403 page (templates/403.html) saying why."""
+    return render(request, "403.html", {"message": message}, status=403)
+
+
 def _back(request: HttpRequest) -> str:
     referer = request.headers.get("Referer", "")
     if url_has_allowed_host_and_scheme(referer, allowed_hosts={request.get_host()},
@@ -50,7 +55,7 @@ class DomainErrorMiddleware(MiddlewareMixin):
         if request.path.startswith(("/api/", "/serve/")):  # a JSON endpoint outside DRF: the API's answer
             return JsonResponse(exception.body(), status=exception.status)
         if isinstance(exception, NotAllowed):
-            return HttpResponseForbidden(str(exception))
+            return forbidden(request, str(exception))
         text = (", ".join(f"{field}: {problem}" for field, problem in exception.errors.items())
                 if isinstance(exception, InvalidInput) else str(exception))
         messages.error(request, text)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -15,7 +15,7 @@ from apps.accounts import secrets as team_secrets
 from apps.accounts.access import Action
 from apps.accounts.models import Team, TeamSecret
 from apps.core.errors import DomainError
-from apps.dashboard.errors import form_refusal
+from apps.dashboard.errors import forbidden, form_refusal
 
 
 def _value_field() -> forms.CharField:
@@ -80,7 +80,7 @@ def team_secrets_page(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method == "GET":
         return _page(request, team)
     if not access.can(request.user, Action.MANAGE_SECRETS, team):
-        return HttpResponseForbidden(access.MESSAGES[Action.MANAGE_SECRETS])
+        return forbidden(request, access.MESSAGES[Action.MANAGE_SECRETS])
     form = SecretCreateForm(request.POST)
     if not form.is_valid():
         return _page(request, team, status=400, create_form=form)
@@ -99,7 +99,7 @@ def team_secret_rotate(request: HttpRequest, slug: str, name: str) -> HttpRespon
     team = _team(request, slug)
     secret = _secret(request, team, name)
     if not access.can(request.user, Action.MANAGE_SECRETS, secret):
-        return HttpResponseForbidden(access.MESSAGES[Action.MANAGE_SECRETS])
+        return forbidden(request, access.MESSAGES[Action.MANAGE_SECRETS])
     form = SecretRotateForm(request.POST)
     if not form.is_valid():
         return _page(request, team, status=400, rotate_form=form, rotate_name=name)
@@ -115,7 +115,7 @@ def team_secret_delete(request: HttpRequest, slug: str, name: str) -> HttpRespon
     team = _team(request, slug)
     secret = _secret(request, team, name)
     if not access.can(request.user, Action.MANAGE_SECRETS, secret):
-        return HttpResponseForbidden(access.MESSAGES[Action.MANAGE_SECRETS])
+        return forbidden(request, access.MESSAGES[Action.MANAGE_SECRETS])
     if request.method == "GET":
         return render(request, "dashboard/team_secret_delete.html", {"team": team, "secret": secret})
     team_secrets.secret_delete(secret=secret, actor=request.user, request=request)

@@ -11,7 +11,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Prefetch, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -22,7 +22,9 @@ from apps.accounts.access import Action
 from apps.accounts.models import ApiToken, Membership, Role, Team
 from apps.core.errors import DomainError, InvalidInput
 from apps.dashboard import reports
-from apps.dashboard.errors import form_refusal
+from apps.dashboard.confirm import confirm_page, confirmed
+from apps.dashboard.context import report_teams
+from apps.dashboard.errors import forbidden, form_refusal
 from apps.dashboard.forms import (
     CancelForm,
     DecisionForm,
@@ -115,8 +117,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
 def job_new(request: HttpRequest) -> HttpResponse:
     teams = list(_teams(request, Action.SUBMIT).values_list("slug", flat=True))
     if not teams:
-        return render(request, "dashboard/forbidden.html",
-                      {"message": "You have no team role that may submit jobs (viewers cannot)."}, status=403)
+        return forbidden(request, "You have no team role that may submit jobs (viewers cannot).")
     form = JobSubmitForm(request.POST or None, teams=teams)
     if request.method == "POST" and form.is_valid():
         try:
@@ -206,6 +207,13 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _visible_job(request, job_id)
     form = CancelForm(request.POST)
     reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    if not confirmed(request) and not job.is_final:  # a final job: the service says it is over
+        if not access.can(request.user, Action.CANCEL, job):
+            return forbidden(request, access.MESSAGES[Action.CANCEL])
+        return confirm_page(request, title=f"Cancel job {job.pk}?",
+                            question=f"Job {job.pk} ({job.name}) stops now and cannot be resumed.",
+                            button="Yes, cancel the job", back=reverse("dashboard:job-detail", args=[job.pk]),
+                            keep={"reason": reason})
     job_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)  # refusals: errors.py
     messages.success(request, f"Job {job.pk} cancelled.")
     return redirect("dashboard:job-detail", job_id=job.pk)
@@ -225,8 +233,7 @@ def service_list(request: HttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         if not teams:
-            return render(request, "dashboard/forbidden.html",
-                          {"message": "You have no team role that may create services (viewers cannot)."}, status=403)
+            return forbidden(request, "You have no team role that may create services (viewers cannot).")
         form = ServiceCreateForm(request.POST, teams=teams)
         if form.is_valid():
             team = _teams(request, Action.SUBMIT).get(slug=form.cleaned_data["team"])
@@ -285,7 +292,7 @@ def service_detail(request: HttpRequest, service_id: int) -> HttpResponse:
 def service_scale(request: HttpRequest, service_id: int) -> HttpResponse:
     service = _visible_service(request, service_id)
     if not access.can(request.user, Action.MANAGE_SERVICE, service):  # before reading the form: 403, not 400
-        return HttpResponseForbidden(access.MESSAGES[Action.MANAGE_SERVICE])
+        return forbidden(request, access.MESSAGES[Action.MANAGE_SERVICE])
     form = ServiceScaleForm(request.POST)
     if form.is_valid():
         try:
@@ -356,7 +363,7 @@ def _managed_team(request: HttpRequest, slug: str, action: Action = Action.MANAG
     """The team (404 if unseen), or the refusal (403) when the user may not do `action` to it."""
     team = get_object_or_404(_teams(request), slug=slug)
     if not access.can(request.user, action, team):
-        return team, HttpResponseForbidden(access.MESSAGES[action])
+        return team, forbidden(request, access.MESSAGES[action])
     return team, None
 
 
@@ -407,6 +414,10 @@ def team_member_remove(request: HttpRequest, slug: str, username: str) -> HttpRe
     _, membership, refused = _managed_membership(request, slug, username)
     if refused:
         return refused
+    if not confirmed(request):
+        return confirm_page(request, title=f"Remove {username} from {slug}?",
+                            question=f"{username} loses their role in {slug} and its jobs, services and secrets.",
+                            button=f"Yes, remove {username}", back=reverse("dashboard:team-detail", args=[slug]))
     account_services.membership_remove(membership=membership, actor=request.user, request=request)
     messages.success(request, f"{username} removed from {slug}.")
     return redirect("dashboard:team-detail", slug=slug)
@@ -438,7 +449,7 @@ def quota_request_decision(request: HttpRequest, slug: str, request_id: int) -> 
     team = get_object_or_404(_teams(request), slug=slug)
     quota_request = get_object_or_404(QuotaRequest, pk=request_id, team=team)
     if not access.can(request.user, Action.DECIDE_QUOTA, quota_request):
-        return HttpResponseForbidden(access.MESSAGES[Action.DECIDE_QUOTA])
+        return forbidden(request, access.MESSAGES[Action.DECIDE_QUOTA])
     form = DecisionForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Choose approve or reject.")
@@ -455,7 +466,7 @@ def quota_request_decision(request: HttpRequest, slug: str, request_id: int) -> 
 @login_required
 def usage_report(request: HttpRequest) -> HttpResponse:
     """Admins see every team; managers the teams they manage; anyone else gets 404 (per-user usage is theirs)."""
-    teams = list(_teams(request, Action.VIEW_REPORT))
+    teams = list(report_teams(request.user))
     if not teams:
         raise Http404("No report for you.")
     form = PeriodForm(request.GET if request.GET.get("start") or request.GET.get("end") else None)

@@ -37,55 +37,266 @@
     return (value && value.trim()) || fallback;
   }
 
-  /* Draw one or more rings as lines on a canvas. opts: {min, max, windowS, colors, labels, axis} */
-  function drawLines(canvas, rings, opts) {
-    opts = opts || {};
-    var ctx = canvas.getContext("2d");
-    if (!ctx) { return; }
-    var w = canvas.width, h = canvas.height, pad = opts.axis ? 28 : 1;
-    ctx.clearRect(0, 0, w, h);
-    var tMax = -Infinity, tMin = Infinity, vMax = -Infinity, vMin = Infinity;
-    rings.forEach(function (r) {
+  /* Charts are uPlot (static/vendor/uplot): time axes, hover values in the legend, sharp on high-density screens.
+     Colours come from CSS variables, so a chart follows the page's light or dark scheme. */
+  function palette() {
+    return {
+      series: [1, 2, 3, 4, 5].map(function (n, i) {
+        return cssVar("--chart-" + n, ["#0b5cad", "#b35900", "#2b7a0b", "#8a3ffc", "#b42318"][i]);
+      }),
+      axis: cssVar("--muted", "#57606a"),
+      grid: cssVar("--chart-grid", "rgba(0,0,0,.08)"),
+    };
+  }
+
+  var ZONE = (function () {
+    try { return Intl.DateTimeFormat().resolvedOptions().timeZone || "local time"; } catch (e) { return "local time"; }
+  })();
+
+  /* The rings as uPlot's columns: one sorted time axis, one column per ring (null where a ring has no sample). */
+  function columns(rings, tFrom) {
+    if (rings.length === 1) { /* one ring (every sparkline): its own order, when it is in time order */
+      var ts = [], vs = [], sorted = true;
+      rings[0].forEach(function (t, v) {
+        if (t < tFrom) { return; }
+        if (ts.length && t <= ts[ts.length - 1]) { sorted = false; }
+        ts.push(t); vs.push(isNaN(v) ? null : v);
+      });
+      if (sorted) { return [ts, vs]; }
+    }
+    var byT = {}, times = [];
+    rings.forEach(function (r, n) {
       r.forEach(function (t, v) {
-        if (t > tMax) { tMax = t; }
-        if (t < tMin) { tMin = t; }
-        if (!isNaN(v)) { if (v > vMax) { vMax = v; } if (v < vMin) { vMin = v; } }
+        if (t < tFrom) { return; }
+        var row = byT[t];
+        if (!row) { row = byT[t] = []; times.push(t); }
+        row[n] = isNaN(v) ? null : v;
       });
     });
-    if (tMax === -Infinity) {
-      if (opts.axis) {
-        ctx.fillStyle = cssVar("--muted", "#57606a");
-        ctx.font = "12px system-ui, sans-serif";
-        ctx.fillText("no data yet", 8, h / 2);
+    times.sort(function (a, b) { return a - b; });
+    var data = [times];
+    rings.forEach(function (_, n) {
+      data.push(times.map(function (t) { var v = byT[t][n]; return v === undefined ? null : v; }));
+    });
+    return data;
+  }
+
+  function lastTime(rings) {
+    var tMax = -Infinity;
+    rings.forEach(function (r) { r.forEach(function (t) { if (t > tMax) { tMax = t; } }); });
+    return tMax;
+  }
+
+  function two(n) { return n < 10 ? "0" + n : String(n); }
+
+  /* Time ticks in 24-hour local time: seconds when ticks are under a minute apart, the date when the span is over a day. */
+  function timeTicks(u, splits, axisIdx, space, incr) {
+    var long = u.scales.x.max - u.scales.x.min > 86400;
+    return splits.map(function (t) {
+      var d = new Date(t * 1000);
+      var text = two(d.getHours()) + ":" + two(d.getMinutes()) + (incr < 60 ? ":" + two(d.getSeconds()) : "");
+      return long ? d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " + text : text;
+    });
+  }
+
+  function tick(v) { return v === 0 ? "0" : fmt(v); }
+
+  /* A value axis as wide as its longest label. */
+  function axisSize(u, values) {
+    var longest = 0;
+    (values || []).forEach(function (v) { longest = Math.max(longest, String(v).length); });
+    return Math.max(32, Math.ceil(longest * 7) + 20);
+  }
+
+  /* One sample draws a point (a line needs two); a series with few samples shows its points. */
+  function fewPoints(u, si) {
+    var d = u.data[si], n = 0;
+    for (var i = 0; i < d.length; i++) { if (d[i] !== null && ++n > 1) { return false; } }
+    return true;
+  }
+
+  function chartWidth(box, fallback) {
+    return Math.max(60, box.clientWidth || (box.parentNode && box.parentNode.clientWidth) || fallback || 300);
+  }
+
+  var charts = []; /* every chart on the page, rebuilt when the colour scheme changes */
+
+  function build(state) {
+    var opts = state.opts, colors = opts.colors || palette().series, pal = palette();
+    var spark = !opts.axis;
+    var labels = state.labels;
+    var unit = opts.unit || "";
+    var series = [{ label: "Time (" + ZONE + ")", value: function (u, t) {
+      if (t === null || t === undefined) { return "—"; }
+      var d = new Date(t * 1000);
+      return d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " + two(d.getHours()) + ":"
+        + two(d.getMinutes()) + ":" + two(d.getSeconds());
+    } }];
+    labels.forEach(function (label, n) {
+      series.push({
+        label: label, stroke: colors[n % colors.length], width: 1.5, spanGaps: true,
+        points: { show: fewPoints, size: 5, fill: colors[n % colors.length] },
+        value: function (u, v) { return v === null || v === undefined ? "—" : fmt(v) + unit; },
+      });
+    });
+    var range = function (u, lo, hi, fixedLo, fixedHi) {
+      lo = fixedLo !== undefined ? fixedLo : lo;
+      hi = fixedHi !== undefined ? fixedHi : hi;
+      if (lo === null || hi === null || !isFinite(lo) || !isFinite(hi)) { lo = fixedLo !== undefined ? fixedLo : 0; hi = lo + 1; }
+      if (hi <= lo) { var pad = Math.abs(lo) * 0.1 || 1; return [fixedLo !== undefined ? lo : lo - pad, hi + pad]; }
+      if (fixedHi === undefined) { hi += (hi - lo) * 0.05; }
+      if (fixedLo === undefined) { lo -= (hi - lo) * 0.05; }
+      return [lo, hi];
+    };
+    var axisFont = "11px system-ui, sans-serif";
+    var config = {
+      width: chartWidth(state.box, state.width),
+      height: state.height,
+      pxAlign: 0,
+      legend: { show: !spark, live: true },
+      cursor: spark ? { y: false, points: { show: false } } : { y: false },
+      scales: {
+        /* from the data itself: uPlot widens a one-sample time range to years */
+        x: { time: true, range: function (u) {
+          var t = u.data[0], lo = t.length ? t[0] : null, hi = t.length ? t[t.length - 1] : null;
+          if (hi === null) { var now = Date.now() / 1000; return [now - (opts.windowS || 60), now]; }
+          if (opts.windowS) { return [hi - opts.windowS, hi]; }
+          return hi - lo < 1 ? [lo - 30, hi + 30] : [lo, hi];
+        } },
+        y: { range: function (u, lo, hi) { return range(u, lo, hi, opts.min, opts.max); } },
+      },
+      axes: spark ? [{ show: false }, { show: false }] : [
+        { stroke: pal.axis, font: axisFont, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
+          values: timeTicks },
+        { stroke: pal.axis, font: axisFont, size: axisSize, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
+          values: function (u, splits) { return splits.map(tick); } },
+      ],
+      series: series,
+      hooks: spark ? { setCursor: [function (u) {
+        /* a sparkline has no legend: its hover value is the tooltip */
+        var i = u.cursor.idx;
+        u.root.title = i === null || i === undefined ? ""
+          : labels[0] + " " + series[1].value(u, u.data[1][i]) + " at " + series[0].value(u, u.data[0][i]);
+      }] } : {},
+    };
+    state.chart = new window.uPlot(config, state.data, state.box);
+    state.chart.root.setAttribute("role", "img");
+    if (state.ariaLabel) { state.chart.root.setAttribute("aria-label", state.ariaLabel); }
+  }
+
+  /* Draw one or more rings as lines: a uPlot chart in place of `target` (a canvas is kept, hidden, as the anchor and
+     gives the size). opts: {min, max, windowS, colors, labels, axis, unit}. axis false: a sparkline (no axes, no
+     legend, hover value as the tooltip). */
+  function drawLines(target, rings, opts) {
+    if (!target) { return; }
+    opts = opts || {};
+    var state = target._gcChart;
+    if (!state) {
+      if (!window.uPlot) { return; }
+      var box = target;
+      var width = parseInt(target.getAttribute("width"), 10) || 0, height = parseInt(target.getAttribute("height"), 10) || 0;
+      if (target.tagName === "CANVAS") {
+        if (!opts.axis) { height = target.clientHeight || 28; width = 0; }
+        box = document.createElement("div");
+        target.hidden = true;
+        target.parentNode.insertBefore(box, target.nextSibling);
       }
+      box.className = (box.className ? box.className + " " : "") + (opts.axis ? "chart" : "chart spark-chart");
+      var empty = null;
+      if (opts.axis) { /* a sparkline's cell says "no data" itself */
+        empty = document.createElement("p");
+        empty.className = "chart-empty";
+        empty.textContent = "no data yet";
+        empty.hidden = true;
+        box.appendChild(empty);
+      }
+      var caption = target.closest && target.closest("figure") && target.closest("figure").querySelector("figcaption");
+      state = target._gcChart = { box: box, empty: empty, width: width, height: height || (opts.axis ? 140 : 28),
+        ariaLabel: target.getAttribute("aria-label"), defaultLabel: caption ? caption.textContent : "value" };
+      charts.push(state);
+      if (window.ResizeObserver) {
+        var lastW = 0;
+        new ResizeObserver(function () {
+          var w = chartWidth(state.box, state.width);
+          if (state.chart && w !== lastW) { lastW = w; state.chart.setSize({ width: w, height: state.height }); }
+        }).observe(box.parentNode || box);
+      }
+    }
+    var labels = rings.map(function (_, n) {
+      return (opts.labels && opts.labels[n]) || (rings.length > 1 ? "series " + (n + 1) : state.defaultLabel);
+    });
+    var tMax = lastTime(rings);
+    var data = columns(rings, opts.windowS && tMax > -Infinity ? tMax - opts.windowS : -Infinity);
+    state.opts = opts;
+    state.data = data;
+    if (state.empty) { state.empty.hidden = data[0].length > 0; }
+    if (state.chart && state.labels && state.labels.join("\n") === labels.join("\n")) {
+      state.chart.setData(data);
       return;
     }
-    if (opts.windowS) { tMin = Math.max(tMin, tMax - opts.windowS); if (tMax - tMin < opts.windowS) { tMin = tMax - opts.windowS; } }
-    var lo = opts.min !== undefined ? opts.min : vMin, hi = opts.max !== undefined ? opts.max : vMax;
-    if (!isFinite(lo) || !isFinite(hi)) { lo = 0; hi = 1; }
-    if (hi === lo) { hi = lo + 1; }
-    var x = function (t) { return pad + (w - pad - 2) * (tMax === tMin ? 1 : (t - tMin) / (tMax - tMin)); };
-    var y = function (v) { return h - 2 - (h - 4) * (v - lo) / (hi - lo); };
-    if (opts.axis) {
-      ctx.fillStyle = cssVar("--muted", "#57606a");
-      ctx.font = "11px system-ui, sans-serif";
-      ctx.fillText(fmt(hi), 0, 10);
-      ctx.fillText(fmt(lo), 0, h - 4);
-      ctx.strokeStyle = cssVar("--line", "#d0d7de");
-      ctx.beginPath(); ctx.moveTo(pad, 0); ctx.lineTo(pad, h); ctx.stroke();
-    }
-    var colors = opts.colors || [cssVar("--accent", "#0b5cad"), "#b35900", "#2b7a0b", "#8a3ffc", "#b42318"];
-    rings.forEach(function (r, n) {
-      ctx.strokeStyle = colors[n % colors.length];
-      ctx.lineWidth = 1.5;
-      ctx.beginPath();
-      var pen = false;
-      r.forEach(function (t, v) {
-        if (t < tMin || isNaN(v)) { pen = false; return; }
-        if (pen) { ctx.lineTo(x(t), y(v)); } else { ctx.moveTo(x(t), y(v)); pen = true; }
-      });
-      ctx.stroke();
+    if (state.chart) { state.chart.destroy(); }
+    state.labels = labels;
+    build(state);
+  }
+
+  /* Stacked bars by category (the usage report): series drawn as running totals, the legend shows each value. */
+  function drawStackedBars(box, categories, stacks, opts) {
+    if (!box || !window.uPlot || !categories.length) { return; }
+    opts = opts || {};
+    var state = box._gcChart || (box._gcChart = { box: box, bars: true, width: parseInt(box.dataset.width, 10) || 900,
+      height: parseInt(box.dataset.height, 10) || 220 });
+    if (charts.indexOf(state) < 0) { charts.push(state); }
+    state.rebuild = function () { drawStackedBars(box, categories, stacks, opts); };
+    if (state.chart) { state.chart.destroy(); }
+    var pal = palette(), colors = opts.colors || pal.series;
+    var xs = categories.map(function (_, i) { return i; });
+    var running = categories.map(function () { return 0; }), tops = [];
+    stacks.forEach(function (s) {
+      running = running.map(function (r, i) { return r + (s.values[i] || 0); });
+      tops.push(running.slice());
     });
+    /* the tallest stack is drawn first, so each shorter one covers its lower part */
+    var order = stacks.map(function (_, n) { return n; }).reverse();
+    var unit = opts.unit || "";
+    var bars = window.uPlot.paths.bars({ size: [0.6, 60] });
+    var series = [{ label: opts.categoryLabel || "category", value: function (u, i) { return i === null ? "—" : categories[i]; } }];
+    order.forEach(function (n) {
+      var color = stacks[n].color ? (stacks[n].color.indexOf("--") === 0 ? cssVar(stacks[n].color, "#2b7a0b") : stacks[n].color)
+        : colors[n % colors.length];
+      series.push({ label: stacks[n].label, fill: color, stroke: color, width: 0, paths: bars, points: { show: false },
+        value: function (u, v, si, i) { return i === null || i === undefined ? "—" : fmt(stacks[n].values[i] || 0) + unit; } });
+    });
+    var axisFont = "12px system-ui, sans-serif";
+    state.chart = new window.uPlot({
+      width: chartWidth(box, state.width), height: state.height,
+      legend: { live: true },
+      cursor: { y: false, points: { show: false } },
+      scales: { x: { time: false, range: function () { return [-0.5, categories.length - 0.5]; } },
+        y: { range: function (u, lo, hi) { return [0, hi > 0 ? hi * 1.05 : 1]; } } },
+      axes: [
+        { stroke: pal.axis, font: axisFont, grid: { show: false }, ticks: { stroke: pal.grid },
+          splits: function () { return xs; }, values: function (u, splits) { return splits.map(function (i) { return categories[i] || ""; }); } },
+        { stroke: pal.axis, font: axisFont, size: axisSize, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
+          values: function (u, splits) { return splits.map(function (v) { return tick(v) + unit; }); } },
+      ],
+      series: series,
+    }, [xs].concat(order.map(function (n) { return tops[n]; })), box);
+    state.chart.root.setAttribute("role", "img");
+    if (box.dataset.label) { state.chart.root.setAttribute("aria-label", box.dataset.label); }
+  }
+
+  /* A change of the browser's colour scheme redraws every chart in the new colours. */
+  if (window.matchMedia) {
+    var scheme = window.matchMedia("(prefers-color-scheme: dark)");
+    var redraw = function () {
+      charts.forEach(function (state) {
+        if (state.rebuild) { state.rebuild(); return; }
+        if (!state.chart) { return; }
+        state.chart.destroy();
+        build(state);
+      });
+    };
+    if (scheme.addEventListener) { scheme.addEventListener("change", redraw); } else if (scheme.addListener) { scheme.addListener(redraw); }
   }
 
   function fmt(v) {
@@ -169,6 +380,22 @@
     try { return JSON.parse(el.textContent); } catch (e) { return null; }
   }
 
+  /* Destructive actions ask first (apps/dashboard/confirm.py): yes adds confirm=yes to the post; without
+     JavaScript, the server's confirm page asks instead. */
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form || !form.getAttribute || !form.getAttribute("data-confirm-text")) { return; }
+    if (!window.confirm(form.getAttribute("data-confirm-text"))) { event.preventDefault(); return; }
+    var field = form.querySelector('input[name="confirm"]');
+    if (!field) {
+      field = document.createElement("input");
+      field.type = "hidden";
+      field.name = "confirm";
+      form.appendChild(field);
+    }
+    field.value = "yes";
+  });
+
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");
     if (!button) { return; }
@@ -186,6 +413,6 @@
     }
   });
 
-  window.GC = { Ring: Ring, drawLines: drawLines, connect: connect, toast: toast, alertToast: alertToast,
+  window.GC = { Ring: Ring, drawLines: drawLines, drawStackedBars: drawStackedBars, connect: connect, toast: toast, alertToast: alertToast,
     jsonData: jsonData, reading: reading, fmt: fmt };
 })();

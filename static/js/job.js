@@ -44,11 +44,12 @@
   }
   live.gpus.forEach(addGpu);
   Object.keys(history).forEach(addGpu);
+  function gpuLabel(u) { return u.length > 12 ? u.slice(0, 12) + "…" : u; }
   function drawGpus() {
     METRICS.forEach(function (m) {
       if (!charts[m[0]]) { return; }
       var rings = uuids.map(function (u) { return gpuRings[m[0]][u]; });
-      GC.drawLines(charts[m[0]], rings, { axis: true, min: m[3], max: m[4] });
+      GC.drawLines(charts[m[0]], rings, { axis: true, min: m[3], max: m[4], labels: uuids.map(gpuLabel) });
     });
   }
 

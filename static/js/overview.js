@@ -128,7 +128,7 @@
       pending = false;
       Object.keys(dirty).forEach(function (uuid) {
         var canvas = cells[uuid] && cells[uuid].querySelector("canvas.spark");
-        if (canvas) { GC.drawLines(canvas, [rings[uuid]], { min: 0, max: 100, windowS: WINDOW_S }); }
+        if (canvas) { GC.drawLines(canvas, [rings[uuid]], { min: 0, max: 100, windowS: WINDOW_S, labels: ["utilization"], unit: " %" }); }
       });
       dirty = {};
     });

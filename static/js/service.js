@@ -35,7 +35,8 @@
 
   function draw() {
     var opts = { axis: true, min: 0 }; /* the ring holds the last WINDOW_S seconds */
-    GC.drawLines(document.getElementById("chart-latency"), [p50, p95, p99], opts);
+    GC.drawLines(document.getElementById("chart-latency"), [p50, p95, p99],
+      { axis: true, min: 0, labels: ["p50", "p95", "p99"], unit: " ms" });
     GC.drawLines(document.getElementById("chart-rps"), [rps], opts);
     GC.drawLines(document.getElementById("chart-errors"), [errors], opts);
   }

@@ -352,7 +352,7 @@ MATRIX: dict[str, list[Row]] = {
     "jobs/<int:job_id>/": [Row("GET", lambda f: f"/jobs/{f.vjob.pk}/", VISION_PAGE, kind="page")],
     "jobs/<int:job_id>/cancel/": [
         Row("POST", lambda f: f"/jobs/{f.vjob.pk}/cancel/", statuses(302, 302, 403, 404, 404, LOGIN, LOGIN),
-            kind="page", data={}),
+            kind="page", data={"confirm": "yes"}),
     ],
     "services/": [Row("GET", lambda f: "/services/", same(200, anonymous=LOGIN), kind="page")],
     "services/<int:service_id>/": [Row("GET", lambda f: f"/services/{f.service.pk}/", VISION_PAGE, kind="page")],
@@ -376,7 +376,7 @@ MATRIX: dict[str, list[Row]] = {
     ],
     "teams/<slug:slug>/members/<str:username>/remove/": [
         Row("POST", lambda f: "/teams/vision/members/milo/remove/", statuses(302, 302, 403, 404, 404, LOGIN, LOGIN),
-            kind="page", data={}),
+            kind="page", data={"confirm": "yes"}),
     ],
     "teams/<slug:slug>/quota-requests/": [
         Row("POST", lambda f: "/teams/vision/quota-requests/", statuses(302, 302, 403, 404, 404, LOGIN, LOGIN),

@@ -44,6 +44,7 @@ def test_member_logs_in_submits_finds_and_cancels_a_job(world, page_for, artifac
     page.wait_for_url(f"**/jobs/{job.pk}/")
     page.screenshot(path=str(artifacts / "job-page.png"), full_page=True)
     page.get_by_label("Reason (optional)").fill("just testing")
+    page.once("dialog", lambda dialog: dialog.accept())  # the confirm step (apps/dashboard/confirm.py)
     page.get_by_role("button", name="Cancel job").click()
     page.wait_for_url(f"**/jobs/{job.pk}/")
     assert page.locator("#job-state").inner_text() == "cancelled"

@@ -147,7 +147,7 @@ def test_job_page_follows_log_progress_and_state(world, page_for):
     assert page.locator("#job-steps").inner_text() == "50"
     assert page.locator("#job-sps").inner_text() == "12.5"
     page.evaluate(emit, {"type": "gpu.sample", "ts": time.time(), "gpus": [sample(world.gpus[0], utilization_pct=80)]})
-    assert page.locator("#gpu-charts canvas").count() == 4
+    assert page.locator("#gpu-charts figure .uplot").count() == 4  # one uPlot chart per metric
     page.evaluate(emit, {"type": "job.state", "job": {"id": job.pk, "state": "cancelled", "team": "vision",
                                                       "pending_reason": ""}})
     assert page.locator("#job-state").inner_text() == "cancelled"

@@ -124,7 +124,7 @@ def test_live_console_in_a_browser(cluster, login):
     assert page.evaluate("window.__noReload") == "still-the-same-document"
     assert "burn start" in page.locator("#job-log").inner_text()
     assert page.locator("#job-placed").inner_text().startswith("br-a:")  # placed after the page loaded
-    page.wait_for_function("document.querySelectorAll('#gpu-charts canvas').length === 4")  # its GPU's charts
+    page.wait_for_function("document.querySelectorAll('#gpu-charts figure .uplot').length === 4")  # its GPU's charts
     assert "→ running" in page.locator("#job-events").inner_text()
     seen_states = {first_state, "running"}
 
@@ -175,6 +175,7 @@ def test_live_console_in_a_browser(cluster, login):
     cancel_page = page.context.new_page()
     cancel_page.goto(f"/jobs/{sleeper['id']}/")
     cancel_page.get_by_label("Reason (optional)").fill("done with it")
+    cancel_page.once("dialog", lambda dialog: dialog.accept())  # the confirm step
     cancel_page.get_by_role("button", name="Cancel job").click()
     cancel_page.wait_for_url(f"**/jobs/{sleeper['id']}/")
     assert f"Job {sleeper['id']} cancelled." in cancel_page.locator(".messages").inner_text()

@@ -49,7 +49,7 @@ def test_service_page_polls_stats_replicas_and_events(world, service, page_for, 
                            timeout=30_000)
     # The charts are drawn (pixels on the latency canvas) in fixed-size buffers.
     painted = page.evaluate("""() => {
-        const c = document.getElementById('chart-latency');
+        const c = document.getElementById('chart-latency').nextElementSibling.querySelector('canvas');
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0; for (let i = 3; i < d.length; i += 4) { if (d[i]) { n++; } } return n; }""")
     assert painted > 50

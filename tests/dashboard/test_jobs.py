@@ -164,13 +164,13 @@ def test_owner_cancels_and_manager_cancel_is_audited(world, web):
     own = make_job(world.vision, world.member)
     client = web(world.member)
     assert 'id="cancel-button"' in client.get(f"/jobs/{own.pk}/").content.decode()
-    response = client.post(f"/jobs/{own.pk}/cancel/", {"reason": "typo"}, follow=True)
+    response = client.post(f"/jobs/{own.pk}/cancel/", {"reason": "typo", "confirm": "yes"}, follow=True)
     assert Job.objects.get(pk=own.pk).state == Job.State.CANCELLED
     assert "cancelled" in response.content.decode()
     again = client.post(f"/jobs/{own.pk}/cancel/", follow=True)
     assert "already cancelled" in again.content.decode()
     theirs = make_job(world.vision, world.member2)
-    web(world.manager).post(f"/jobs/{theirs.pk}/cancel/")
+    web(world.manager).post(f"/jobs/{theirs.pk}/cancel/", {"confirm": "yes"})
     assert Job.objects.get(pk=theirs.pk).state == Job.State.CANCELLED
     assert AuditEvent.objects.filter(action=AuditEvent.Action.JOB_CANCELLED_BY_OTHER, actor=world.manager).exists()
 

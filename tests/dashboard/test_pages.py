@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -45,10 +46,24 @@ def test_pages_per_persona(world, web, persona, expected):
 
 def test_navigation_links_and_landmarks(world, web):
     html = web(world.member).get("/").content.decode()
-    for href in ['href="/jobs/"', 'href="/teams/"', 'href="/reports/usage/"', 'href="/alerts/"',
+    for href in ['href="/jobs/"', 'href="/teams/"', 'href="/alerts/"',
                  'href="/accounts/tokens/"', 'href="/accounts/password_change/"']:
         assert href in html
     assert 'aria-current="page"' in html and 'id="main"' in html and "Skip to content" in html
+
+
+@pytest.mark.parametrize("persona", ["admin", "manager", "member", "viewer", "other", "noteam"])
+def test_the_menu_links_only_pages_the_user_may_open(world, web, persona):
+    """Usage only for who sees a report (apps/accounts/access.py: admins, managers); every link answers 200."""
+    client = web(world.persona(persona))
+    html = client.get("/jobs/").content.decode()
+    header = html[html.index('<header class="topbar">'):html.index("</header>")]
+    links = re.findall(r'<a href="(/[^"]*)"', header)
+    assert ("/reports/usage/" in links) == (persona in ("admin", "manager")), links
+    assert ("/admin/" in links) == (persona == "admin")
+    assert {"/", "/jobs/", "/services/", "/teams/", "/alerts/", "/api/docs/", "/accounts/tokens/"} <= set(links)
+    for link in links:
+        assert client.get(link).status_code == 200, (persona, link)
 
 
 def test_overview_shows_hosts_gpus_jobs_and_totals(world, web):

@@ -32,7 +32,7 @@ def test_manager_adds_changes_and_removes_members(world, web):
     assert Membership.objects.get(team=world.vision, user=world.noteam).role == Role.VIEWER
     client.post("/teams/vision/members/nobody/role/", {"role": "member"})
     assert Membership.objects.get(team=world.vision, user=world.noteam).role == Role.MEMBER
-    client.post("/teams/vision/members/nobody/remove/")
+    client.post("/teams/vision/members/nobody/remove/", {"confirm": "yes"})
     assert not Membership.objects.filter(team=world.vision, user=world.noteam).exists()
     actions = list(AuditEvent.objects.filter(actor=world.manager).exclude(action="login").values_list("action", flat=True))
     assert sorted(actions) == ["member_removed", "role_changed", "role_changed"]
