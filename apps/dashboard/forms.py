@@ -348,8 +348,10 @@ class ServiceCreateForm(forms.Form):
         self.fields["team"].choices = [(slug, slug) for slug in teams]
         if len(teams) == 1:
             self.fields["team"].initial = teams[0]
-        self.fields["workload"].choices = [("", "— (an image's server)")] + [
-            (w.name, w.name) for w in WORKLOADS.values() if "inference" in w.kinds]
+        builtins = [(w.name, w.name) for w in WORKLOADS.values() if "inference" in w.kinds]
+        self.fields["workload"].choices = [("", "— (an image's server)"), *builtins]
+        # Most services serve a built-in model: the first one is preselected (an image's server is the blank choice).
+        self.fields["workload"].initial = builtins[0][0] if builtins else ""
         self.fields["preset"].choices = [(p.name, p.name) for p in PRESETS.values() if p.kind == "inference"]
 
     def clean_checkpoint(self) -> str:
