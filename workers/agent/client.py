@@ -78,3 +78,7 @@ class ConsoleClient:
 
     def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
         self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "progress": progress})
+
+    def progress_records(self, job_id: int, attempt: int, records: list[dict[str, Any]]) -> None:
+        """Training records in the order the job wrote them (the console keeps them as the job's metrics)."""
+        self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "records": records})
