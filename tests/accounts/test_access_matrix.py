@@ -286,6 +286,7 @@ MATRIX: dict[str, list[Row]] = {
     ],
     "api/v1/^jobs/(?P<pk>[^/.]+)/events/$": [Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/events/", VISION)],
     "api/v1/^jobs/(?P<pk>[^/.]+)/logs/$": [Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/logs/", VISION)],
+    "api/v1/^jobs/(?P<pk>[^/.]+)/metrics/$": [Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/metrics/", VISION)],
     "api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/$": [
         Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/artifacts/", VISION)],
     "api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/(?P<path>.+)/$": [
@@ -346,6 +347,8 @@ MATRIX: dict[str, list[Row]] = {
     "jobs/": [Row("GET", lambda f: "/jobs/", same(200, anonymous=LOGIN), kind="page")],
     "jobs/new/": [Row("GET", lambda f: "/jobs/new/", statuses(200, 200, 200, 200, 403, LOGIN, LOGIN), kind="page")],
     "jobs/<int:job_id>/": [Row("GET", lambda f: f"/jobs/{f.vjob.pk}/", VISION_PAGE, kind="page")],
+    "jobs/compare/": [Row("GET", lambda f: f"/jobs/compare/?ids={f.vjob.pk}", VISION_PAGE, kind="page",
+                          note="every run compared must be visible, else 404 as on its own page")],
     "jobs/<int:job_id>/cancel/": [
         Row("POST", lambda f: f"/jobs/{f.vjob.pk}/cancel/", statuses(302, 302, 403, 404, 404, LOGIN, LOGIN),
             kind="page", data={}),
