@@ -487,6 +487,8 @@ def _text(value: Any, limit: int = 300) -> str:
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 BUILTIN_METRICS = ("loss", "steps_per_s", "samples_per_s")
 MAX_METRICS_PER_RECORD = 32
+# More than a 64 KiB line can hold: what a record says it dropped is capped here (the console sums them).
+MAX_DROPPED = 100_000
 
 
 def clean_metrics(values: Any) -> tuple[dict[str, float], int]:
@@ -547,7 +549,7 @@ class TrainingProgress:
                    loss=_number(message.get("loss")),
                    **{key: value if value is None or value >= 0 else None for key, value in rates.items()},
                    epoch=_count(message.get("epoch")), ts=_number(message.get("ts")), metrics=metrics,
-                   dropped_metrics=min((_count(message.get("dropped_metrics")) or 0) + dropped, 2**31))
+                   dropped_metrics=min((_count(message.get("dropped_metrics")) or 0) + dropped, MAX_DROPPED))
 
 
 @dataclass(frozen=True)

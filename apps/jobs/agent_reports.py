@@ -13,7 +13,7 @@ from apps.cluster.models import Host
 from apps.core.errors import WrongState
 from apps.jobs.dispatch import job_hosts, send_stop_after_commit
 from apps.jobs.lifecycle import finish, job_host_lost, lock_job, preempt_and_requeue, transition
-from apps.jobs.metrics import record_metrics
+from apps.jobs.metrics import db_step, record_metrics
 from apps.jobs.models import Job, JobAllocation, JobLogChunk
 from workers.protocol import JobStatus, ServingProgress, TrainingProgress, decode_progress_message
 
@@ -144,7 +144,7 @@ def _record_training_progress(job: Job, attempt: int, records: list[TrainingProg
     record_metrics(job, attempt, records)
     step, loss, steps_per_s, samples_per_s = None, None, None, None
     for record in records:
-        step = record.step if record.step is not None else step
+        step = db_step(record.step) if db_step(record.step) is not None else step
         loss = record.loss if record.loss is not None else loss
         steps_per_s = record.steps_per_s if record.steps_per_s is not None else steps_per_s
         samples_per_s = record.samples_per_s if record.samples_per_s is not None else samples_per_s

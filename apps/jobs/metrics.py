@@ -30,6 +30,14 @@ logger = logging.getLogger("apps.jobs")
 MAX_SERIES_PER_JOB = 64
 
 
+# The largest step a database column keeps (a signed 64-bit integer); a job that says more has no step.
+MAX_STEP = 2**63 - 1
+
+
+def db_step(step: int | None) -> int | None:
+    return step if step is not None and step <= MAX_STEP else None
+
+
 @dataclass(frozen=True)
 class Point:
     step: int | None
@@ -56,7 +64,7 @@ def record_metrics(job: Job, attempt: int, records: Sequence[TrainingProgress]) 
     for record in records:
         at = _point_time(record, job, now)
         for name, value in record.values().items():
-            values.setdefault(name, []).append(Point(record.step, at, value))
+            values.setdefault(name, []).append(Point(db_step(record.step), at, value))
     if not values:
         if dropped:
             Job.objects.filter(pk=job.pk).update(metrics_dropped=F("metrics_dropped") + dropped)

@@ -114,7 +114,7 @@ class Job(models.Model):
     progress_at = models.DateTimeField(null=True, blank=True, help_text="When steps_done was last reported.")
     log_size = models.PositiveBigIntegerField(default=0, help_text="Characters of log stored.")
     log_truncated = models.BooleanField(default=False)
-    metrics_dropped = models.PositiveIntegerField(
+    metrics_dropped = models.PositiveBigIntegerField(
         default=0, help_text="Named metric values the job reported that were not kept (a bad name or value, too many).")
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

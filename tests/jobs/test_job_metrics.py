@@ -10,6 +10,7 @@ from apps.jobs.metrics import MAX_SERIES_PER_JOB
 from apps.jobs.models import Job, JobMetric, JobMetricSeries
 from tests.cluster.test_agent_api import agent
 from tests.jobs.test_job_api import job_client, running  # noqa: F401 - a fixture
+from workers.protocol import MAX_DROPPED
 
 
 def post_records(job: Job, secret: str, records: list[dict]) -> None:
@@ -79,6 +80,7 @@ def test_hostile_names_and_values_are_dropped_and_counted_never_a_500(running, w
         {"type": "progress", "step": 4, "metrics": {f"m{i}": 1.0 for i in range(40)}},  # 32 kept a record
         {"type": "progress", "step": "five", "loss": "low", "metrics": {"ok": 0.6}},
         {"step": 6, "dropped_metrics": -3},
+        {"type": "progress", "step": 2**80, "metrics": {"ok": 0.7}},  # no step a database keeps
         "not an object",
     ]
     response = agent(secret).post(f"/api/v1/agent/jobs/{job.pk}/progress/", {"attempt": 1, "records": hostile},
@@ -87,12 +89,15 @@ def test_hostile_names_and_values_are_dropped_and_counted_never_a_500(running, w
     post_records(job, secret, hostile[:-1])
     body = client_for(world.member).get(f"/api/v1/jobs/{job.pk}/metrics/").json()
     series = series_of(body)
-    assert series["ok"]["steps"] == [1, None] and series["ok"]["values"] == [0.5, 0.6]
+    assert series["ok"]["steps"] == [1, None, None] and series["ok"]["values"] == [0.5, 0.6, 0.7]
     assert "loss" not in series  # no record had a usable loss; the metric named loss was dropped
     assert len([name for name in series if name.startswith("m")]) == 32
     assert body["dropped"] == 9 + 1 + 40 + 8
     job.refresh_from_db()
-    assert job.metrics_dropped == body["dropped"]
+    assert job.metrics_dropped == body["dropped"] and job.steps_done == 6
+    post_records(job, secret, [{"type": "progress", "step": 7, "dropped_metrics": 10**30}] * 500)
+    job.refresh_from_db()
+    assert job.metrics_dropped == body["dropped"] + 500 * MAX_DROPPED  # what a record claims is capped
 
 
 def test_a_job_names_at_most_so_many_series(running):  # noqa: F811
