@@ -59,7 +59,8 @@ def test_the_open_page_appends_live_points_then_a_reload_draws_the_stored_curves
     from playwright.sync_api import sync_playwright
 
     # The only GPU is held, so the job waits in the queue while its page opens; its reports then arrive live.
-    blocker = cluster.submit(gpus=1, workload={"command": [sys.executable, str(SHOW_ENV), "600"]})
+    # At a higher priority: the scheduler would preempt a normal one for a job predicted to finish much sooner.
+    blocker = cluster.submit(gpus=1, priority="high", workload={"command": [sys.executable, str(SHOW_ENV), "600"]})
     cluster.wait_state(blocker["id"], {"running"})
     job = cluster.submit(gpus=1, max_steps=40, workload={"command": [sys.executable, str(SCRIPT)]})
     errors: list[str] = []
