@@ -43,6 +43,17 @@ def test_the_job_page_embeds_stored_metrics_progress_eta_and_the_gpu_summary(wor
     assert '<dd id="gpu-mem-max">2048 MB</dd>' in html and '<dd id="gpu-energy">2.0 Wh</dd>' in html
 
 
+def test_the_gpu_summary_is_served_to_those_who_see_the_job(world, client_for):
+    job = make_job(world.vision, world.member, state=Job.State.SUCCEEDED, name="done")
+    fresh = make_job(world.vision, world.member, name="fresh")
+    JobGpuStats.objects.create(job=job, samples=4, utilization_sum=300.0, utilization_max=90.0, memory_max_mb=2048,
+                               energy_j=7200.0)
+    assert client_for(world.viewer).get(f"/api/v1/jobs/{job.pk}/gpu-summary/").json() == {
+        "samples": 4, "utilization_mean": 75.0, "utilization_max": 90.0, "memory_max_mb": 2048, "energy_wh": 2.0}
+    assert client_for(world.other).get(f"/api/v1/jobs/{job.pk}/gpu-summary/").status_code == 404
+    assert client_for(world.viewer).get(f"/api/v1/jobs/{fresh.pk}/gpu-summary/").status_code == 404
+
+
 def test_a_job_without_reports_says_so(world, web):
     job = make_job(world.vision, world.member, name="fresh")
     html = web(world.member).get(f"/jobs/{job.pk}/").content.decode()
