@@ -60,6 +60,19 @@ def test_a_jobs_own_metrics_are_written_as_a_progress_record_bad_ones_dropped(tm
     assert "3 of the metrics reported at step 10 are dropped" in caplog.text
 
 
+def test_a_session_reports_its_jobs_own_metrics_at_its_step(tmp_path) -> None:
+    from workers.runtime import session
+
+    path = tmp_path / "progress.jsonl"
+    rt = session.start({"CONSOLE_PROGRESS_FILE": str(path), "CONSOLE_DEVICE": "cpu"}, install_signal_handler=False)
+    try:
+        rt.report_metrics(val_acc=torch.tensor(0.25))
+        rt.report_metrics(step=7, top5=0.5)
+    finally:
+        rt.close()
+    assert [(r["step"], r["metrics"]) for r in read_records(path)] == [(0, {"val_acc": 0.25}), (7, {"top5": 0.5})]
+
+
 def test_report_metrics_needs_no_session_and_writes_where_the_agent_reads(tmp_path) -> None:
     path = tmp_path / "progress.jsonl"
     script = "import sys, workers.runtime as rt; rt.report_metrics(step=3, val_acc=0.5); print('torch' in sys.modules)"
