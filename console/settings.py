@@ -349,6 +349,8 @@ JOBS_MAX_TIME_LIMIT_MINUTES = env_int("CONSOLE_MAX_TIME_LIMIT_MINUTES", 7 * 24 *
 # Submissions per user per minute (checked under the team's quota lock, so it holds under concurrency).
 JOBS_SUBMIT_PER_MINUTE = env_int("CONSOLE_SUBMIT_PER_MINUTE", 600, minimum=1)
 JOBS_LOG_MAX_CHARS = env_int("CONSOLE_JOB_LOG_MAX_CHARS", 10_000_000, minimum=1000)
+# Points kept per metric series of a job (apps/jobs/metrics.py thins a longer series evenly).
+JOBS_METRIC_POINTS = env_int("CONSOLE_JOB_METRIC_POINTS", 2000, minimum=10)
 # The largest file a running job may store through the job API (PUT /api/v1/job/artifacts/...).
 JOB_ARTIFACT_MAX_BYTES = env_int("CONSOLE_JOB_ARTIFACT_MAX_MB", 4096, minimum=1) * 1024 * 1024
 # A job's CPUs and memory (its cgroup's limits on the host) when its spec names none: per GPU it asks for.

@@ -52,6 +52,7 @@ api_v1 = [
     path("agent/heartbeat/", operations_agent_api.HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/telemetry/", telemetry_api.TelemetryIngestView.as_view(), name="agent-telemetry"),
     path("ws-ticket/", telemetry_api.WsTicketView.as_view(), name="ws-ticket"),
+    path("jobs/<int:pk>/gpu-summary/", telemetry_api.JobGpuSummaryView.as_view(), name="job-gpu-summary"),
     path("agent/jobs/<int:job_id>/status/", jobs_agent_api.JobStatusView.as_view(), name="agent-job-status"),
     path("agent/jobs/<int:job_id>/logs/", jobs_agent_api.JobLogView.as_view(), name="agent-job-logs"),
     path("agent/jobs/<int:job_id>/progress/", jobs_agent_api.JobProgressView.as_view(), name="agent-job-progress"),

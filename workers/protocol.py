@@ -569,9 +569,39 @@ def _text(value: Any, limit: int = 300) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
+# A job's own named metrics ("val_acc", "eval/loss") ride in a progress record's "metrics" object. A name is a
+# short identifier a chart legend and a query string carry as is; the built-in series' names are taken.
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
+BUILTIN_METRICS = ("loss", "steps_per_s", "samples_per_s")
+MAX_METRICS_PER_RECORD = 32
+# More than a 64 KiB line can hold: what a record says it dropped is capped here (the console sums them).
+MAX_DROPPED = 100_000
+
+
+def clean_metrics(values: Any) -> tuple[dict[str, float], int]:
+    """The usable named metrics of a record, and how many were dropped: a name that is no short identifier or is
+    a built-in's, a value that is no finite number of a sane size, anything past MAX_METRICS_PER_RECORD."""
+    if values is None:
+        return {}, 0
+    if not isinstance(values, Mapping):
+        return {}, 1
+    kept: dict[str, float] = {}
+    dropped = 0
+    for name, value in values.items():
+        number = _number(value)
+        if (not isinstance(name, str) or not METRIC_NAME.fullmatch(name) or name in BUILTIN_METRICS
+                or number is None or len(kept) >= MAX_METRICS_PER_RECORD):
+            dropped += 1
+            continue
+        kept[name] = number
+    return kept, dropped
+
+
 @dataclass(frozen=True)
 class TrainingProgress:
-    """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "ts", ...}."""
+    """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "ts",
+    "metrics": {name: value}, ...}. `dropped_metrics` counts the named metrics dropped on the way (bad names or
+    values), so the console can say how many it never got."""
 
     TYPE: ClassVar[str] = "progress"
     step: int | None = None
@@ -581,18 +611,32 @@ class TrainingProgress:
     samples_per_s: float | None = None
     epoch: int | None = None
     ts: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    dropped_metrics: int = 0
 
     def to_message(self) -> dict[str, Any]:
-        return {"type": self.TYPE, **{k: v for k, v in asdict(self).items() if v is not None}}
+        message = {"type": self.TYPE, **{k: v for k, v in asdict(self).items() if v is not None}}
+        if not self.metrics:
+            del message["metrics"]
+        if not self.dropped_metrics:
+            del message["dropped_metrics"]
+        return message
+
+    def values(self) -> dict[str, float]:
+        """Every value of the record by series name: the built-in ones that are present, then the job's own."""
+        builtin = {"loss": self.loss, "steps_per_s": self.steps_per_s, "samples_per_s": self.samples_per_s}
+        return {**{k: v for k, v in builtin.items() if v is not None}, **self.metrics}
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> TrainingProgress:
         """The usable fields of a record; a wrong-typed or out-of-range field is dropped, never trusted."""
         rates = {key: _number(message.get(key)) for key in ("steps_per_s", "samples_per_s")}
+        metrics, dropped = clean_metrics(message.get("metrics"))
         return cls(step=_count(message.get("step")), max_steps=_count(message.get("max_steps")),
                    loss=_number(message.get("loss")),
                    **{key: value if value is None or value >= 0 else None for key, value in rates.items()},
-                   epoch=_count(message.get("epoch")), ts=_number(message.get("ts")))
+                   epoch=_count(message.get("epoch")), ts=_number(message.get("ts")), metrics=metrics,
+                   dropped_metrics=min((_count(message.get("dropped_metrics")) or 0) + dropped, MAX_DROPPED))
 
 
 @dataclass(frozen=True)
@@ -658,8 +702,9 @@ class ResultRecord:
 ProgressRecord = TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord
 PROGRESS_RECORDS: dict[str, type[TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord]] = {
     record.TYPE: record for record in (TrainingProgress, ServingProgress, CheckpointRecord, ResultRecord)}
-# The records the agent forwards to the console (the newest of each kind); the rest stay in the file.
-FORWARDED_RECORDS = (TrainingProgress.TYPE, ServingProgress.TYPE)
+# The agent forwards every training record (the console keeps them as the job's metrics; at most this many a
+# post, workers/agent/progress.py) and the newest serving record; the rest stay in the file.
+MAX_PROGRESS_BATCH = 500
 
 
 def decode_progress_message(message: Any) -> ProgressRecord | None:

@@ -1,13 +1,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
-from apps.dashboard import host_pages, secrets_pages, views
+from apps.dashboard import host_pages, job_metrics, secrets_pages, views
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
     path("jobs/", views.job_list, name="jobs"),
     path("jobs/new/", views.job_new, name="job-new"),
+    path("jobs/compare/", job_metrics.job_compare, name="job-compare"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
     path("services/", views.service_list, name="services"),

@@ -38,6 +38,7 @@ from apps.dashboard.forms import (
     ServiceScaleForm,
     TokenCreateForm,
 )
+from apps.dashboard.job_metrics import job_metrics_context
 from apps.dashboard.selectors import alerts_visible_to, cluster_overview
 from apps.dashboard.services import alert_acknowledge
 from apps.jobs import selectors as job_selectors
@@ -197,7 +198,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "artifacts_more": len(artifacts) > ARTIFACTS_SHOWN,
         "preset": PRESETS.get(job.preset),
         "live": {"job": job.pk, "log_next": log_next, "state": job.state, "final": job.is_final,
-                 "gpus": [g.uuid for g in gpus]},
+                 "gpus": [g.uuid for g in gpus], "max_steps": job.max_steps},
+        **job_metrics_context(job),
     })
 
 

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from apps.cluster.authentication import AgentView
 from apps.core.schema import ErrorSerializer
 from apps.jobs import services
-from workers.protocol import JobStatus
+from workers.protocol import MAX_PROGRESS_BATCH, JobStatus
 
 
 class StatusSerializer(serializers.Serializer):
@@ -29,8 +29,16 @@ class LogSerializer(serializers.Serializer):
 
 
 class ProgressSerializer(serializers.Serializer):
+    """One record (`progress`), or the training records written since the last report (`records`, in order)."""
+
     attempt = serializers.IntegerField(min_value=0)
-    progress = serializers.DictField()
+    progress = serializers.DictField(required=False)
+    records = serializers.ListField(child=serializers.DictField(), required=False, max_length=MAX_PROGRESS_BATCH)
+
+    def validate(self, attrs: dict) -> dict:
+        if "progress" not in attrs and "records" not in attrs:
+            raise serializers.ValidationError({"progress": ["Send a progress record or records."]})
+        return attrs
 
 
 # A report that does not apply (another host's job, an older attempt) is an AgentReportError: a 409 from the

@@ -22,6 +22,7 @@ from apps.jobs.lifecycle import (
     release_requested,
     transition,
 )
+from apps.jobs.metrics import db_step, record_metrics
 from apps.jobs.models import Job, JobAllocation, JobLogChunk
 from workers.protocol import JobStatus, ServingProgress, TrainingProgress, decode_progress_message
 
@@ -134,20 +135,27 @@ def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
         return size
 
 
-def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
+def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any] | None = None,
+                        records: list[dict[str, Any]] | None = None) -> None:
+    """One record (`progress`), or the training records the job wrote since the last report, in order."""
     with transaction.atomic():
         job = _job_for_host(job_id, host, attempt)
-        # The job wrote it: malformed fields are dropped. A report without a type is training progress.
-        record = decode_progress_message(progress) if "type" in progress else TrainingProgress.from_message(progress)
-        if isinstance(record, ServingProgress):
-            # Only the port comes from the job; the address is the reporting host's registered one. The
-            # serving reconciler builds the URL it calls again from the placement's host and this port.
-            address = host.address or host.name
-            Job.objects.filter(pk=job.pk).update(
-                runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{record.port}",
-                              "port": record.port, "attempt": attempt})
-        elif isinstance(record, TrainingProgress):
-            _record_training_progress(job, record)
+        messages = ([] if progress is None else [progress]) + (records or [])
+        training: list[TrainingProgress] = []
+        for message in messages:
+            # The job wrote it: malformed fields are dropped. A report without a type is training progress.
+            record = decode_progress_message(message) if "type" in message else TrainingProgress.from_message(message)
+            if isinstance(record, ServingProgress):
+                # Only the port comes from the job; the address is the reporting host's registered one. The
+                # serving reconciler builds the URL it calls again from the placement's host and this port.
+                address = host.address or host.name
+                Job.objects.filter(pk=job.pk).update(
+                    runtime_info={**job.runtime_info, "endpoint": f"http://{address}:{record.port}",
+                                  "port": record.port, "attempt": attempt})
+            elif isinstance(record, TrainingProgress):
+                training.append(record)
+        if training:
+            _record_training_progress(job, attempt, training)
 
 
 def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
@@ -155,10 +163,19 @@ def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
     with transaction.atomic():
         locked = lock_job(job.pk)
         if locked is not None and locked.state == State.RUNNING and locked.attempts == job.attempts:
-            _record_training_progress(locked, TrainingProgress.from_message(progress))
+            _record_training_progress(locked, locked.attempts, [TrainingProgress.from_message(progress)])
 
 
-def _record_training_progress(job: Job, progress: TrainingProgress) -> None:
+def _record_training_progress(job: Job, attempt: int, records: list[TrainingProgress]) -> None:
+    """Keep every record's values as the job's metrics; the job's row shows the newest of each field."""
+    record_metrics(job, attempt, records)
+    step, loss, steps_per_s, samples_per_s = None, None, None, None
+    for record in records:
+        step = db_step(record.step) if db_step(record.step) is not None else step
+        loss = record.loss if record.loss is not None else loss
+        steps_per_s = record.steps_per_s if record.steps_per_s is not None else steps_per_s
+        samples_per_s = record.samples_per_s if record.samples_per_s is not None else samples_per_s
+    progress = TrainingProgress(step=step, loss=loss, steps_per_s=steps_per_s, samples_per_s=samples_per_s)
     fields: dict[str, Any] = {}
     if progress.step is not None:
         fields["steps_done"] = progress.step

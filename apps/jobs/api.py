@@ -3,6 +3,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import django_filters
+from django.conf import settings
 from django.db.models import Prefetch
 from django.http import FileResponse, Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -15,6 +16,7 @@ from rest_framework.views import APIView
 from apps.accounts import access
 from apps.core.schema import ErrorSerializer
 from apps.jobs import selectors, services
+from apps.jobs.metrics import job_metrics, job_progress
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.serializers import (
     CancelSerializer,
@@ -23,6 +25,7 @@ from apps.jobs.serializers import (
     JobSubmitSerializer,
     submitted_job_data,
 )
+from workers.protocol import METRIC_NAME
 from workers.runtime.artifacts import artifact_store_from_url
 from workers.runtime.catalog import PRESETS, WORKLOADS
 
@@ -52,6 +55,42 @@ class ArtifactQuerySerializer(serializers.Serializer):
     after = serializers.CharField(required=False, default="", allow_blank=True, max_length=4096,
                                   help_text="list the paths after this one (the previous page's last)")
     limit = serializers.IntegerField(min_value=1, max_value=MAX_ARTIFACTS_PER_PAGE, default=MAX_ARTIFACTS_PER_PAGE)
+
+
+class MetricsQuerySerializer(serializers.Serializer):
+    name = serializers.ListField(
+        child=serializers.RegexField(rf"^(?:{METRIC_NAME.pattern})\Z", max_length=64), required=False, default=list,
+        help_text="only these series (repeat, or separate with commas)")
+    since_step = serializers.IntegerField(min_value=0, required=False, default=None, allow_null=True,
+                                          help_text="only the points at steps after this one (live append)")
+
+
+class MetricSeriesSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    builtin = serializers.BooleanField(help_text="loss, steps_per_s or samples_per_s; else the job's own metric")
+    seen = serializers.IntegerField(help_text="values received; at most max_points are kept, evenly thinned")
+    stride = serializers.IntegerField(help_text="one point is kept for every `stride` values received (and the newest)")
+    steps = serializers.ListField(child=serializers.IntegerField(allow_null=True))
+    times = serializers.ListField(child=serializers.FloatField(), help_text="epoch seconds")
+    values = serializers.ListField(child=serializers.FloatField())
+
+
+class JobProgressSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    max_steps = serializers.IntegerField(allow_null=True)
+    percent = serializers.FloatField(allow_null=True)
+    eta_s = serializers.FloatField(allow_null=True, help_text="seconds left at the last rate (running jobs)")
+    steps_per_s = serializers.FloatField(allow_null=True)
+    loss = serializers.FloatField(allow_null=True)
+
+
+class JobMetricsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    state = serializers.CharField()
+    max_points = serializers.IntegerField(help_text="the most points a series keeps")
+    dropped = serializers.IntegerField(help_text="reported values not kept: bad names or values, too many series")
+    progress = JobProgressSerializer()
+    series = MetricSeriesSerializer(many=True)
 
 
 class JobFilter(django_filters.FilterSet):
@@ -121,6 +160,23 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response({"data": data, "next": next_offset, "complete": complete, "truncated": job.log_truncated})
 
     @extend_schema(
+        parameters=[OpenApiParameter("name", str, many=True, description="only these series (repeat, or comma-separated)"),
+                    OpenApiParameter("since_step", int, description="only the points at steps after this one")],
+        responses=JobMetricsSerializer,
+        description="The job's kept metrics: loss, steps/s, samples/s and the job's own named metrics, one series "
+                    "each, as columns; a series keeps at most `max_points` points, evenly thinned over the run.",
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        names = [n for value in request.query_params.getlist("name") for n in value.split(",") if n]
+        query = MetricsQuerySerializer(data={"name": names, "since_step": request.query_params.get("since_step")})
+        query.is_valid(raise_exception=True)
+        return Response({"job": job.pk, "state": job.state, "max_points": settings.JOBS_METRIC_POINTS,
+                         "dropped": job.metrics_dropped, "progress": job_progress(job),
+                         "series": job_metrics(job, query.validated_data["name"], query.validated_data["since_step"])})
+
+    @extend_schema(
         parameters=[ArtifactQuerySerializer],
         responses=ArtifactSerializer(many=True),
         description=f"At most `limit` ({MAX_ARTIFACTS_PER_PAGE}) files in path order; when more follow, the answer "
@@ -159,8 +215,6 @@ def artifact_download(job_id: int, path: str) -> FileResponse:
 
 
 def artifact_store():
-    from django.conf import settings
-
     return artifact_store_from_url(settings.ARTIFACT_STORE_URL)
 
 

@@ -34,7 +34,7 @@ from apps.jobs.api import ArtifactSerializer, artifact_download, artifact_listin
 from apps.jobs.attempt_tokens import attempt_from_token
 from apps.jobs.code_snapshot_api import snapshot_response
 from apps.jobs.models import CodeSnapshot, Job
-from workers.protocol import JobSecrets
+from workers.protocol import BUILTIN_METRICS, MAX_METRICS_PER_RECORD, JobSecrets, clean_metrics
 from workers.runtime.artifacts import safe_relpath
 
 WRITABLE_FOLDERS = ("checkpoints", "outputs")
@@ -109,6 +109,17 @@ class OwnProgressSerializer(serializers.Serializer):
     loss = serializers.FloatField(required=False)
     steps_per_s = serializers.FloatField(min_value=0, required=False)
     samples_per_s = serializers.FloatField(min_value=0, required=False)
+    metrics = serializers.DictField(required=False, help_text="The job's own named metrics: {name: number}, a name "
+                                    "an identifier of at most 64 characters (letters, digits, _ . / -)")
+
+    def validate_metrics(self, value: dict) -> dict:
+        kept, dropped = clean_metrics(value)
+        if dropped:
+            bad = sorted(str(name) for name in value if name not in kept)[:10]
+            raise serializers.ValidationError(
+                f"not kept: {', '.join(bad)} (names are short identifiers other than {', '.join(BUILTIN_METRICS)}; "
+                f"values finite numbers; at most {MAX_METRICS_PER_RECORD} a report)")
+        return kept
 
 
 class JobSelfProgressView(JobSelfView):

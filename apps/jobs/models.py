@@ -117,6 +117,8 @@ class Job(models.Model):
     progress_at = models.DateTimeField(null=True, blank=True, help_text="When steps_done was last reported.")
     log_size = models.PositiveBigIntegerField(default=0, help_text="Characters of log stored.")
     log_truncated = models.BooleanField(default=False)
+    metrics_dropped = models.PositiveBigIntegerField(
+        default=0, help_text="Named metric values the job reported that were not kept (a bad name or value, too many).")
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     placed_at = models.DateTimeField(null=True, blank=True)
@@ -231,3 +233,42 @@ class JobLogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} log @{self.offset} ({len(self.data)} chars)"
+
+
+class JobMetricSeries(models.Model):
+    """One named series of a job's metrics ("loss", "steps_per_s", or the job's own "val_acc").
+
+    Bounded (apps/jobs/metrics.py): a point is kept for every `stride`-th value received (its `seq` a multiple of
+    `stride`) plus the newest one; when more than JOBS_METRIC_POINTS would be kept the stride doubles and the
+    points off the new stride are deleted, so a long run stays evenly thinned.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_series")
+    name = models.CharField(max_length=64)
+    seen = models.PositiveBigIntegerField(default=0, help_text="Values received, kept or not.")
+    stride = models.PositiveBigIntegerField(default=1)
+
+    class Meta:
+        ordering = ["job", "name"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="one_metric_series_per_name")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.name}"
+
+
+class JobMetric(models.Model):
+    """One kept value of a series: the `seq`-th the series received, at the job's `step` (when it said)."""
+
+    series = models.ForeignKey(JobMetricSeries, on_delete=models.CASCADE, related_name="points")
+    seq = models.PositiveBigIntegerField()
+    attempt = models.PositiveSmallIntegerField()
+    step = models.PositiveBigIntegerField(null=True)
+    time = models.DateTimeField()
+    value = models.FloatField()
+
+    class Meta:
+        ordering = ["series", "seq"]
+        constraints = [models.UniqueConstraint(fields=["series", "seq"], name="one_metric_point_per_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.series_id}#{self.seq} = {self.value}"

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import django_filters
+from django.http import Http404
+from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,8 +15,10 @@ from apps.accounts import access
 from apps.accounts.api import IsSiteAdmin
 from apps.cluster.authentication import AgentView
 from apps.core.schema import ErrorSerializer
+from apps.jobs.models import Job
 from apps.telemetry import alerts, services, tickets
 from apps.telemetry.models import Alert, AlertRule
+from apps.telemetry.selectors import job_gpu_summary
 from apps.telemetry.serializers import AlertRuleSerializer, AlertSerializer
 
 
@@ -95,3 +99,24 @@ class TelemetryIngestView(AgentView):
         except services.TelemetryRejected as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
         return Response(result)
+
+
+class JobGpuSummarySerializer(serializers.Serializer):
+    samples = serializers.IntegerField(help_text="GPU samples taken while the job held its GPUs")
+    utilization_mean = serializers.FloatField(help_text="%")
+    utilization_max = serializers.FloatField(help_text="%")
+    memory_max_mb = serializers.IntegerField()
+    energy_wh = serializers.FloatField(help_text="the integral of the GPUs' power over the job's samples")
+
+
+class JobGpuSummaryView(APIView):
+    """What a job's GPUs did over its lifetime: mean and peak utilization, peak memory, energy. Same access as the
+    job (others get 404); 404 too before the first sample."""
+
+    @extend_schema(responses={200: JobGpuSummarySerializer, 404: ErrorSerializer})
+    def get(self, request: Request, pk: int) -> Response:
+        job = get_object_or_404(access.restrict(Job.objects.all(), request.user), pk=pk)
+        summary = job_gpu_summary(job.pk)
+        if summary is None:
+            raise Http404("No GPU samples recorded for this job yet.")
+        return Response(summary)

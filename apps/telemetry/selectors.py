@@ -4,7 +4,7 @@ from django.db.models import QuerySet
 
 from apps.accounts import access
 from apps.accounts.access import AnyUser
-from apps.telemetry.models import Alert
+from apps.telemetry.models import Alert, JobGpuStats
 
 
 def alerts_visible_to(user: AnyUser) -> QuerySet[Alert]:
@@ -15,3 +15,15 @@ def alerts_visible_to(user: AnyUser) -> QuerySet[Alert]:
 
 def can_acknowledge(user: AnyUser, alert: Alert) -> bool:
     return access.can(user, access.Action.ACK_ALERT, alert)
+
+
+def job_gpu_summary(job_id: int) -> dict[str, float | int] | None:
+    """What a job's GPUs did over its lifetime (JobGpuStats, kept at ingest from the samples of its allocated
+    GPUs): mean and peak utilization (%), peak memory (MB), energy (Wh, the integral of power). None before
+    any sample."""
+    stats = JobGpuStats.objects.filter(job_id=job_id).first()
+    if stats is None or not stats.samples:
+        return None
+    return {"samples": stats.samples, "utilization_mean": round(stats.utilization_mean or 0.0, 1),
+            "utilization_max": round(stats.utilization_max, 1), "memory_max_mb": stats.memory_max_mb,
+            "energy_wh": round(stats.energy_j / 3600, 3)}

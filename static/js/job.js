@@ -1,4 +1,5 @@
-/* Job page: live state, log tail, progress and GPU charts from /ws/jobs/<id>/. */
+/* Job page: live state, log tail, GPU charts from /ws/jobs/<id>/; metric charts from the stored metrics,
+   appended live from GET /api/v1/jobs/<id>/metrics/. */
 (function () {
   "use strict";
   var GC = window.GC;
@@ -53,11 +54,83 @@
     });
   }
 
-  /* Progress series, kept while the page is open. */
-  var sps = new GC.Ring(LIVE_POINTS), loss = new GC.Ring(LIVE_POINTS);
+  /* Metric charts: the stored series (embedded in the page) drawn on load, then what arrives live appended
+     (GET metrics/?since_step=…). One GC.MetricChart per series, in static/js/metric_chart.js. */
+  var stored = GC.jsonData("job-metrics") || { series: [], max_points: 2000 };
+  var metricBox = document.getElementById("metric-charts");
+  var metricCharts = {};
+  function addSeries(list) {
+    var fresh = false;
+    GC.MetricChart.order(list.map(function (s) { return s.name; })).forEach(function (name) {
+      var s = list.filter(function (x) { return x.name === name; })[0];
+      if (!metricCharts[name]) {
+        metricCharts[name] = new GC.MetricChart(metricBox, name, GC.MetricChart.label(name),
+          { maxPoints: stored.max_points, min: name === "loss" ? undefined : (s.builtin ? 0 : undefined) });
+        fresh = true;
+      }
+      metricCharts[name].append("job " + live.job, s);
+    });
+    var empty = document.getElementById("metrics-empty");
+    if (empty && Object.keys(metricCharts).length) { empty.hidden = true; }
+    return fresh;
+  }
   function drawProgress() {
-    GC.drawLines(document.getElementById("chart-sps"), [sps], { axis: true, min: 0 });
-    GC.drawLines(document.getElementById("chart-loss"), [loss], { axis: true });
+    Object.keys(metricCharts).forEach(function (name) { metricCharts[name].draw(); });
+  }
+  addSeries(stored.series);
+  /* Live append: at most one request in flight and one every 2 s; a report arriving meanwhile asks again. */
+  var metricsFetching = false, metricsAgain = false, lastMetricsFetch = 0, metricsTimer = null;
+  function fetchMetrics() {
+    if (metricsFetching) { metricsAgain = true; return; }
+    metricsFetching = true; metricsAgain = false; lastMetricsFetch = Date.now();
+    var since = null;
+    Object.keys(metricCharts).forEach(function (name) {
+      metricCharts[name].lines.forEach(function (l) {
+        if (l.lastStep !== null && (since === null || l.lastStep < since)) { since = l.lastStep; }
+      });
+    });
+    var url = "/api/v1/jobs/" + live.job + "/metrics/" + (since === null ? "" : "?since_step=" + since);
+    fetch(url, { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (body) {
+        if (!body) { return; }
+        addSeries(body.series);
+        drawProgress();
+        showProgress(body.progress, body.state);
+      })
+      .catch(function () {})
+      .then(function () {
+        metricsFetching = false;
+        if (metricsAgain) { soonFetchMetrics(); }
+      });
+  }
+  function soonFetchMetrics() {
+    if (metricsTimer) { return; }
+    metricsTimer = setTimeout(function () { metricsTimer = null; fetchMetrics(); },
+      Math.max(0, 2000 - (Date.now() - lastMetricsFetch)));
+  }
+
+  /* Progress percent and ETA, from steps done, max steps and the last rate. */
+  function duration(s) {
+    if (s < 90) { return Math.round(s) + " s"; }
+    if (s < 5400) { return Math.round(s / 60) + " min"; }
+    return (s / 3600).toFixed(1) + " h";
+  }
+  function showProgress(p, state) {
+    if (!p) { return; }
+    var bar = document.getElementById("job-progress-bar");
+    var max = p.max_steps;
+    var percent = p.percent;
+    if (percent === undefined || percent === null) {
+      percent = max ? Math.min(100, Math.round(1000 * p.step / max) / 10) : null;
+    }
+    setText("job-progress", percent === null ? "—" : percent + " % (" + p.step + " of " + max + " steps)");
+    if (bar) { if (percent === null) { bar.removeAttribute("value"); } else { bar.value = percent; } }
+    var eta = p.eta_s;
+    if (eta === undefined) {
+      eta = state === "running" && max && p.steps_per_s > 0 && p.step < max ? (max - p.step) / p.steps_per_s : null;
+    }
+    setText("job-eta", eta === null || eta === undefined ? "—" : "about " + duration(eta) + " left");
   }
 
   var log = document.getElementById("job-log");
@@ -114,6 +187,7 @@
       GC.toast("Job " + live.job + " is now " + job.state, FINAL.indexOf(job.state) >= 0 && job.state !== "succeeded" ? "warning" : "info");
       var cancel = document.getElementById("cancel-form");
       if (cancel && FINAL.indexOf(job.state) >= 0) { cancel.hidden = true; }
+      if (FINAL.indexOf(job.state) >= 0) { fetchMetrics(); } /* the last records, and no ETA */
     }
     var pending = document.getElementById("job-pending");
     pending.hidden = job.state !== "queued";
@@ -134,13 +208,12 @@
   }
 
   function onProgress(msg) {
-    var t = msg.ts || Date.now() / 1000;
-    sps.push(t, msg.steps_per_s);
-    loss.push(t, msg.loss);
     if (msg.step !== undefined && msg.step !== null) { document.getElementById("job-steps").textContent = msg.step; }
     document.getElementById("job-sps").textContent = GC.fmt(msg.steps_per_s);
     document.getElementById("job-loss").textContent = msg.loss === null || msg.loss === undefined ? "no data" : GC.fmt(msg.loss);
-    drawProgress();
+    showProgress({ step: msg.step, max_steps: live.max_steps, steps_per_s: msg.steps_per_s },
+      document.getElementById("job-state").textContent);
+    soonFetchMetrics();
   }
 
   function onSample(msg) {

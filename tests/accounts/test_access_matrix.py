@@ -33,7 +33,7 @@ from apps.cluster.volumes import volume_create
 from apps.jobs.models import Job
 from apps.quotas.models import QuotaRequest
 from apps.serving.models import InferenceService
-from apps.telemetry.models import Alert, AlertRule
+from apps.telemetry.models import Alert, AlertRule, JobGpuStats
 
 PERSONAS = ["admin", "manager", "member", "other", "noteam", "anonymous", "host"]
 
@@ -77,6 +77,7 @@ def fx(world, settings, tmp_path) -> Fixture:
     rule = AlertRule.objects.create(name="xid (matrix)", kind=AlertRule.Kind.GPU_XID)
     vjob, mine, njob = _job(world.vision, world.member2, "v"), _job(world.vision, world.member, "m"), _job(
         world.nlp, world.other, "n")
+    JobGpuStats.objects.create(job=vjob, samples=2, utilization_sum=100.0, utilization_max=60.0, energy_j=3600.0)
     token, _ = token_create(user=world.member, name="matrix")
     _, secret = host_token_issue(name="node-a")
     secret_create(team=world.vision, name="WANDB_API_KEY", value="v1", actor=world.manager)
@@ -290,6 +291,11 @@ MATRIX: dict[str, list[Row]] = {
     ],
     "api/v1/^jobs/(?P<pk>[^/.]+)/events/$": [Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/events/", VISION)],
     "api/v1/^jobs/(?P<pk>[^/.]+)/logs/$": [Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/logs/", VISION)],
+    "api/v1/^jobs/(?P<pk>[^/.]+)/metrics/$": [Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/metrics/", VISION)],
+    "api/v1/jobs/<int:pk>/gpu-summary/": [
+        Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/gpu-summary/", VISION),
+        Row("GET", lambda f: f"/api/v1/jobs/{f.mine.pk}/gpu-summary/", statuses(404, 404, 404, 404, 404, 401, 401),
+            note="no samples yet: the same 404 as for a job one may not see")],
     "api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/$": [
         Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/artifacts/", VISION)],
     "api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/(?P<path>.+)/$": [
@@ -350,6 +356,8 @@ MATRIX: dict[str, list[Row]] = {
     "jobs/": [Row("GET", lambda f: "/jobs/", same(200, anonymous=LOGIN), kind="page")],
     "jobs/new/": [Row("GET", lambda f: "/jobs/new/", statuses(200, 200, 200, 200, 403, LOGIN, LOGIN), kind="page")],
     "jobs/<int:job_id>/": [Row("GET", lambda f: f"/jobs/{f.vjob.pk}/", VISION_PAGE, kind="page")],
+    "jobs/compare/": [Row("GET", lambda f: f"/jobs/compare/?ids={f.vjob.pk}", VISION_PAGE, kind="page",
+                          note="every run compared must be visible, else 404 as on its own page")],
     "jobs/<int:job_id>/cancel/": [
         Row("POST", lambda f: f"/jobs/{f.vjob.pk}/cancel/", statuses(302, 302, 403, 404, 404, LOGIN, LOGIN),
             kind="page", data={"confirm": "yes"}),

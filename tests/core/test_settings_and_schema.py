@@ -70,7 +70,8 @@ def test_openapi_schema_and_docs(client):
     assert schema.status_code == 200
     text = schema.content.decode()
     for path in ["/api/v1/jobs/", "/api/v1/jobs/{id}/cancel/", "/api/v1/teams/{slug}/quota/", "/api/v1/auth/token/",
-                 "/api/v1/teams/{slug}/members/", "/api/v1/hosts/", "/api/v1/presets/"]:
+                 "/api/v1/teams/{slug}/members/", "/api/v1/hosts/", "/api/v1/presets/", "/api/v1/jobs/{id}/metrics/",
+                 "/api/v1/jobs/{id}/gpu-summary/"]:
         assert path in text, path
     assert client.get("/api/docs/").status_code == 200
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from workers.protocol import (
     JOB_ENV_VARIABLES,
+    MAX_METRICS_PER_RECORD,
     CheckpointRecord,
     ContainerSpec,
     EnvError,
@@ -75,6 +76,7 @@ def test_any_environment_round_trips(environment: JobEnvironment) -> None:
 
 @pytest.mark.parametrize("record", [
     TrainingProgress(step=5, max_steps=10, loss=0.25, steps_per_s=2.0, samples_per_s=64.0, epoch=1, ts=1.5),
+    TrainingProgress(step=6, metrics={"val_acc": 0.75, "eval/loss": 1.25}, dropped_metrics=2),
     ServingProgress(port=8123, host="10.0.0.2", workload="mlp-digits", preset="infer-fp32", batching=False,
                     ts=2.0),
     CheckpointRecord(path="/a/ckpt-5.pt", step=5, ts=3.0),
@@ -132,6 +134,19 @@ def test_no_json_value_makes_the_decoder_raise(value) -> None:
     if isinstance(value, dict):
         for kind in ("progress", "serving", "checkpoint", "result"):
             decode_progress_message({**value, "type": kind})
+        decode_progress_message({"type": "progress", "metrics": value, "dropped_metrics": value.get("")})
+
+
+def test_a_jobs_own_metrics_keep_short_names_and_finite_numbers_and_count_the_rest() -> None:
+    record = decode_progress(json.dumps({"type": "progress", "step": 4, "dropped_metrics": 1, "metrics": {
+        "val_acc": 0.9, "eval/top-5.acc": 1, "bad name": 1.0, "9lives": 1.0, "x" * 65: 1.0, "loss": 0.1,
+        "str": "0.5", "bool": True, "huge": 1e300, "none": None, "list": [1.0]}}))
+    assert isinstance(record, TrainingProgress)
+    assert record.metrics == {"val_acc": 0.9, "eval/top-5.acc": 1.0} and record.dropped_metrics == 1 + 9
+    assert record.values() == {"val_acc": 0.9, "eval/top-5.acc": 1.0}
+    many = TrainingProgress.from_message({"metrics": {f"m{i}": i for i in range(MAX_METRICS_PER_RECORD + 3)}})
+    assert len(many.metrics) == MAX_METRICS_PER_RECORD and many.dropped_metrics == 3
+    assert TrainingProgress.from_message({"metrics": [1, 2]}).dropped_metrics == 1
 
 
 def test_running_details_round_trip_through_a_status_report() -> None:

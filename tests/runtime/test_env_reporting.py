@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from workers.protocol import TrainingProgress, decode_progress
 from workers.runtime.env import EnvError, RuntimeEnv
 from workers.runtime.reporting import Reporter, read_records
 
@@ -44,6 +46,42 @@ def test_only_rank_zero_reports(tmp_path) -> None:
     path = tmp_path / "progress.jsonl"
     Reporter(path, enabled=False).progress(step=1, max_steps=1, loss=1.0, steps_per_s=1.0, samples_per_s=1.0)
     assert not path.exists()
+
+
+def test_a_jobs_own_metrics_are_written_as_a_progress_record_bad_ones_dropped(tmp_path, caplog) -> None:
+    path = tmp_path / "progress.jsonl"
+    reporter = Reporter(path)
+    reporter.metrics(step=10, metrics={"val_acc": torch.tensor(0.75), "eval/loss": 0.5, "bad name": 1.0,
+                                       "loss": 2.0, "nan": math.nan})
+    reporter.metrics(step=11, metrics={"also bad": 1.0})  # nothing usable: no record
+    [record] = read_records(path)
+    decoded = decode_progress(json.dumps(record))
+    assert decoded == TrainingProgress(step=10, ts=record["ts"], metrics={"val_acc": 0.75, "eval/loss": 0.5})
+    assert "3 of the metrics reported at step 10 are dropped" in caplog.text
+
+
+def test_a_session_reports_its_jobs_own_metrics_at_its_step(tmp_path) -> None:
+    from workers.runtime import session
+
+    path = tmp_path / "progress.jsonl"
+    rt = session.start({"CONSOLE_PROGRESS_FILE": str(path), "CONSOLE_DEVICE": "cpu"}, install_signal_handler=False)
+    try:
+        rt.report_metrics(val_acc=torch.tensor(0.25))
+        rt.report_metrics(step=7, top5=0.5)
+    finally:
+        rt.close()
+    assert [(r["step"], r["metrics"]) for r in read_records(path)] == [(0, {"val_acc": 0.25}), (7, {"top5": 0.5})]
+
+
+def test_report_metrics_needs_no_session_and_writes_where_the_agent_reads(tmp_path) -> None:
+    path = tmp_path / "progress.jsonl"
+    script = "import sys, workers.runtime as rt; rt.report_metrics(step=3, val_acc=0.5); print('torch' in sys.modules)"
+    done = run_python(["-c", script], {"CONSOLE_PROGRESS_FILE": str(path)})
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+    [record] = read_records(path)
+    assert record == {**record, "type": "progress", "step": 3, "metrics": {"val_acc": 0.5}}
+    run_python(["-c", script], {"CONSOLE_PROGRESS_FILE": str(path), "RANK": "1", "WORLD_SIZE": "2"})
+    assert len(read_records(path)) == 1  # only rank 0 writes
 
 
 def test_catalog_import_stays_cheap() -> None:

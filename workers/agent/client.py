@@ -79,6 +79,10 @@ class ConsoleClient:
     def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
         self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "progress": progress})
 
+    def progress_records(self, job_id: int, attempt: int, records: list[dict[str, Any]]) -> None:
+        """Training records in the order the job wrote them (the console keeps them as the job's metrics)."""
+        self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "records": records})
+
     def job_secrets(self, job_id: int, attempt: int, *, attempts: int = 5) -> dict[str, str]:
         """The values of the job's team secrets, for its attempt `attempt` on this host (never in the dispatch).
         ConsoleRejected: the console refuses (the attempt is not this host's, or not placed or running any

@@ -41,17 +41,16 @@ from typing import Any, TextIO
 from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
+from workers.agent.progress import forwarded
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, share_limits
 from workers.protocol import (
-    FORWARDED_RECORDS,
     JOB_ENV_VARIABLES,
     PROGRESS_FILE_NAME,
     Dispatch,
     JobEnvironment,
     JobIsolation,
     JobStatus,
-    ProgressRecord,
     RunningDetails,
     decode_progress,
     job_api_url,
@@ -690,7 +689,7 @@ class JobRunner:
             logger.warning("could not send log of job %s: %s", job.dispatch.job_id, exc)
 
     def _send_progress(self, job: JobProcess, path: Path, offset: int) -> int:
-        """Send the newest progress line written since `offset` (only rank 0 writes the file)."""
+        """Send the progress records written since `offset` (only rank 0 writes the file)."""
         try:
             # The job owns the file: never follow a link it put there, never block on a FIFO, read a bounded amount.
             handle = open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb")  # noqa: SIM115
@@ -704,16 +703,20 @@ class JobRunner:
         complete = data[: data.rfind(b"\n") + 1]
         if not complete and len(data) == PROGRESS_READ_MAX:
             return offset + len(data)  # a line longer than any progress record: skipped
-        latest: dict[str, ProgressRecord] = {}
-        for line in complete.splitlines():
-            record = decode_progress(line)
-            if record is not None and record.TYPE in FORWARDED_RECORDS:
-                latest[record.TYPE] = record  # the newest of each kind: a replica's port, training progress
-        for record in latest.values():
-            try:
-                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, record.to_message())
-            except Exception as exc:  # noqa: BLE001 - progress is advisory
-                logger.debug("progress of job %s not sent: %s", job.dispatch.job_id, exc)
+        records = [record for record in map(decode_progress, complete.splitlines()) if record is not None]
+        training, serving = forwarded(records)
+        dropped = sum(record.dropped_metrics for record in training)
+        if dropped:
+            logger.warning("job %s reported %d metric values that are no finite numbers under short names: "
+                           "dropped", job.dispatch.job_id, dropped)
+        try:
+            if serving is not None:
+                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, serving.to_message())
+            if training:
+                self.client.progress_records(job.dispatch.job_id, job.dispatch.attempt,
+                                             [record.to_message() for record in training])
+        except Exception as exc:  # noqa: BLE001 - progress is advisory
+            logger.debug("progress of job %s not sent: %s", job.dispatch.job_id, exc)
         return offset + len(complete)
 
     def _save_log_artifact(self, job: JobProcess) -> None:

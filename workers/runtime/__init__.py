@@ -12,4 +12,10 @@ No Django, no Celery: this package is imported by job processes on GPU hosts. Im
 Environment (set by the agent): CONSOLE_JOB_ID, CONSOLE_PRESET, CONSOLE_MAX_STEPS, CONSOLE_PROGRESS_FILE,
 CONSOLE_CHECKPOINT_DIR, CONSOLE_CHECKPOINT_EVERY, CONSOLE_OUTPUT_DIR, CONSOLE_MODEL_PATH, CONSOLE_DEVICE;
 RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT come from torchrun.
+
+`report_metrics(step=..., val_acc=...)` reports a job's own named metrics from any script (no torch needed).
 """
+
+from .reporting import report_metrics
+
+__all__ = ["report_metrics"]

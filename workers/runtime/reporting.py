@@ -1,7 +1,8 @@
 """Progress reports for the agent: JSON lines appended to CONSOLE_PROGRESS_FILE, and log lines.
 
 The records are workers/protocol.py's (TrainingProgress, CheckpointRecord, ResultRecord, ServingProgress);
-a progress record may carry extra fields, which the file keeps and the agent does not forward.
+a progress record may carry extra fields, which the file keeps and the agent does not forward. A job's own named
+metrics go in a progress record's "metrics" object (`report_metrics`), which the console keeps and charts.
 
 Only the main process (rank 0) writes; other ranks get a reporter that does nothing.
 """
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.protocol import CheckpointRecord, ResultRecord, TrainingProgress
+from workers.protocol import CheckpointRecord, ResultRecord, TrainingProgress, clean_metrics
 
 log = logging.getLogger("workers.runtime")
 
@@ -64,6 +65,20 @@ class Reporter:
         log.info("step %d%s  loss %s  %.2f steps/s  %.1f samples/s", step, total, loss_txt, steps_per_s,
                  samples_per_s)
 
+    def metrics(self, *, step: int | None, metrics: dict[str, Any], **extra: Any) -> None:
+        """The job's own named metrics (say val_acc) at `step`: a progress record with only them. A name that is
+        no short identifier (or a built-in's, like loss) and a value that is no finite number are dropped here,
+        with a warning; the console drops them too."""
+        if not self.enabled:
+            return
+        kept, dropped = clean_metrics({k: _clean(v) for k, v in metrics.items()})
+        if dropped:
+            log.warning("%d of the metrics reported at step %s are dropped: names are identifiers of at most 64 "
+                        "characters (not loss, steps_per_s, samples_per_s), values finite numbers", dropped, step)
+        if kept:
+            self.emit({"type": TrainingProgress.TYPE, **({} if step is None else {"step": step}), "metrics": kept,
+                       **extra})
+
     def checkpoint(self, *, path: Path | str, step: int, **extra: Any) -> None:
         if not self.enabled:
             return
@@ -75,6 +90,15 @@ class Reporter:
             return
         line = self.emit(ResultRecord(dict(metrics)).to_message())
         log.info("result: %s", json.dumps({k: v for k, v in line.items() if k not in ("type", "ts")}))
+
+
+def report_metrics(step: int | None = None, **metrics: Any) -> None:
+    """The job's own named metrics, from any script the console runs (no session, no torch needed):
+    `workers.runtime.report_metrics(step=100, val_acc=0.93)`. Only rank 0 writes; outside a job it only logs."""
+    from .env import RuntimeEnv
+
+    env = RuntimeEnv.from_env()
+    Reporter(env.progress_file, enabled=env.is_main).metrics(step=step, metrics=metrics)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@
         rt.backward(loss)
         if rt.optimizer_step():                            # False while accumulating gradients
             rt.report(loss=loss)
+    rt.report_metrics(val_acc=evaluate(model))             # the job's own metrics, charted on its page
     rt.finish(accuracy=acc)                                # final weights + result record
 
 On SIGTERM the next `optimizer_step()` saves a checkpoint to CONSOLE_CHECKPOINT_DIR and exits with 143;
@@ -424,6 +425,11 @@ class Session:
         self._last_report = (now, step, samples)
         self.reporter.progress(step=step, max_steps=self.planned_steps, loss=loss, steps_per_s=steps_per_s,
                                samples_per_s=samples_per_s, epoch=self.epoch, **extra)
+
+    def report_metrics(self, *, step: int | None = None, **metrics: float | torch.Tensor) -> None:
+        """Report the job's own named metrics (rank 0 writes), e.g. `rt.report_metrics(val_acc=0.93)` after an
+        evaluation; the job's page charts each name. `step` defaults to the current optimizer step."""
+        self.reporter.metrics(step=self.step if step is None else step, metrics=dict(metrics))
 
     # --- checkpoints ------------------------------------------------------------------------------------
 

@@ -63,3 +63,15 @@ def num(value: float | None) -> str:
     if size >= 1:
         return f"{number:.2f}"
     return f"{number:.2g}"
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    """Seconds as people read them: 45 s, 12 min, 3.5 h (as the job page's script writes them)."""
+    if seconds is None:
+        return "—"
+    if seconds < 90:
+        return f"{round(seconds)} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
