@@ -126,7 +126,9 @@
     var spark = !opts.axis;
     var labels = state.labels;
     var unit = opts.unit || "";
-    var series = [{ label: "Time (" + ZONE + ")", value: function (u, t) {
+    var series = [opts.xStep ? { label: "Step", value: function (u, x) {
+      return x === null || x === undefined ? "—" : String(Math.round(x));
+    } } : { label: "Time (" + ZONE + ")", value: function (u, t) {
       if (t === null || t === undefined) { return "—"; }
       var d = new Date(t * 1000);
       return d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " + two(d.getHours()) + ":"
@@ -157,7 +159,7 @@
       cursor: spark ? { y: false, points: { show: false } } : { y: false },
       scales: {
         /* from the data itself: uPlot widens a one-sample time range to years */
-        x: { time: true, range: function (u) {
+        x: opts.xStep ? { time: false, range: function (u, lo, hi) { return range(u, lo, hi); } } : { time: true, range: function (u) {
           var t = u.data[0], lo = t.length ? t[0] : null, hi = t.length ? t[t.length - 1] : null;
           if (hi === null) { var now = Date.now() / 1000; return [now - (opts.windowS || 60), now]; }
           if (opts.windowS) { return [hi - opts.windowS, hi]; }
@@ -167,7 +169,8 @@
       },
       axes: spark ? [{ show: false }, { show: false }] : [
         { stroke: pal.axis, font: axisFont, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
-          values: timeTicks },
+          values: opts.xStep ? function (u, splits) { return splits.map(function (v) { return String(Math.round(v)); }); }
+            : timeTicks },
         { stroke: pal.axis, font: axisFont, size: axisSize, grid: { stroke: pal.grid, width: 1 }, ticks: { stroke: pal.grid },
           values: function (u, splits) { return splits.map(tick); } },
       ],
@@ -185,7 +188,7 @@
   }
 
   /* Draw one or more rings as lines: a uPlot chart in place of `target` (a canvas is kept, hidden, as the anchor and
-     gives the size). opts: {min, max, windowS, colors, labels, axis, unit}. axis false: a sparkline (no axes, no
+     gives the size). opts: {min, max, windowS, colors, labels, axis, unit, xStep (x is a step, not a time)}. axis false: a sparkline (no axes, no
      legend, hover value as the tooltip). */
   function drawLines(target, rings, opts) {
     if (!target) { return; }

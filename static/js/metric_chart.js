@@ -1,6 +1,6 @@
 /* Metric charts of jobs (the job page, the compare page): one chart per metric, one line per run.
    Data comes as the API's columns ({steps, times, values}); the x axis is the step (the time where a point has
-   none). Drawing is GC.drawLines on a canvas for now: a chart library replaces `draw` alone. Exposed as GC.MetricChart. */
+   none). Drawing is GC.drawLines (uPlot) with a step axis. Exposed as GC.MetricChart. */
 (function () {
   "use strict";
   var GC = window.GC;
@@ -51,7 +51,8 @@
     var colors = [getComputedStyle(document.documentElement).getPropertyValue("--accent").trim() || "#0b5cad",
       "#b35900", "#2b7a0b", "#8a3ffc", "#b42318", "#0e7490", "#a21caf", "#4d7c0f"];
     GC.drawLines(this.canvas, this.lines.map(function (l) { return l.ring; }),
-      { axis: true, min: this.opts.min, colors: colors });
+      { axis: true, min: this.opts.min, colors: colors, xStep: true,
+        labels: this.lines.map(function (l) { return l.label; }) });
     if (this.lines.length > 1 || this.opts.legend) {
       var legend = this.legend;
       legend.textContent = "";

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 STEPS = 60
 INK = """(name) => {
-  const canvas = document.querySelector(`figure[data-metric="${name}"] canvas`);
+  const canvas = document.querySelector(`figure[data-metric="${name}"] .uplot canvas`);
   const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
   let inked = 0;
   for (let i = 3; i < pixels.length; i += 4) { if (pixels[i]) { inked += 1; } }
