@@ -327,7 +327,7 @@ def _team_page(request: HttpRequest, slug: str, **forms: Any) -> HttpResponse:
     usage = team_usage(team)
     budget_pct = None
     if usage.gpu_hours_budget:
-        budget_pct = min(100.0, 100.0 * usage.gpu_hours_this_month / usage.gpu_hours_budget)
+        budget_pct = min(100.0, usage.budget_used_pct or 0.0)
     context = {
         "team": team,
         "quota": quota_ensure(team),

@@ -119,6 +119,10 @@ class TeamQuotaView:
     # Fair share between the team's users: weights (default 1 each) and decayed recent usage.
     user_shares: dict[str, float] = field(default_factory=dict)
     user_recent_usage_gpu_seconds: dict[str, float] = field(default_factory=dict)
+    # The team has used its GPU-hour budget for the period (usage.budget_spent): none of its jobs is placed, and
+    # with `stop_when_spent` its running jobs are stopped (preempted: they checkpoint and wait in the queue).
+    budget_spent: bool = False
+    stop_when_spent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +158,7 @@ class PendingInfo:
     position: int
     estimated_start: float | None = None
     # Machine-readable reason: quota, user_cap, borrow, no_gpu_type, no_runtime (no host runs containers, for a
-    # job with an image), too_large, priority, gang, backfill,
+    # job with an image), too_large, budget (the team's GPU-hour budget is spent), priority, gang, backfill,
     # waiting (for GPUs behind jobs ahead), reserved (head of the queue, GPUs reserved for it).
     code: str = ""
     predicted_runtime_s: float | None = None
