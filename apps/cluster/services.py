@@ -14,6 +14,7 @@ from apps.cluster.models import GPU, Host, HostCredential
 from apps.core.errors import WrongState
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
+from apps.scheduling.placeability import gpu_type_key
 from workers.protocol import (
     CONTAINER_RUNTIMES,
     HEARTBEAT_TIMEOUT_S,
@@ -87,7 +88,7 @@ def host_register(host: Host, registration: dict) -> Host:
                 index=gpu["index"],
                 defaults={
                     "uuid": gpu["uuid"],
-                    "gpu_type": gpu["gpu_type"],
+                    "gpu_type": gpu_type_key(gpu["gpu_type"]),
                     "model_name": gpu.get("name", "")[:120],
                     "memory_mb": gpu["memory_mb"],
                 },
