@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from apps.accounts import tokens
@@ -133,11 +134,17 @@ def host_heartbeat(host: Host) -> bool:
     return bool(Host.objects.filter(pk=host.pk, state=Host.State.DOWN).update(state=back))
 
 
-def host_set_draining(host: Host, draining: bool) -> None:
-    """Draining: no new jobs land on the host (running ones finish or are moved); it survives restarts."""
+def host_set_draining(
+    host: Host, draining: bool, *, actor: AbstractBaseUser | None, request: HttpRequest | None = None
+) -> None:
+    """Draining: no new jobs land on the host (running ones finish or are moved); it survives restarts. Audited."""
     state = Host.State.DRAINING if draining else Host.State.UP
-    Host.objects.filter(pk=host.pk).update(drain=draining)
-    Host.objects.filter(pk=host.pk).exclude(state=Host.State.DOWN).update(state=state)
+    with transaction.atomic():
+        changed = Host.objects.filter(pk=host.pk).exclude(drain=draining).update(drain=draining)
+        Host.objects.filter(pk=host.pk).exclude(state=Host.State.DOWN).update(state=state)
+        if changed:
+            audit_record(AuditEvent.Action.HOST_DRAIN, actor=actor, target=f"host {host.name}", request=request,
+                         draining=draining)
 
 
 def hosts_mark_lost(now=None) -> list[Host]:
