@@ -484,7 +484,13 @@ def _text(value: Any, limit: int = 300) -> str:
 
 @dataclass(frozen=True)
 class TrainingProgress:
-    """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "ts", ...}."""
+    """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "avg_steps_per_s",
+    "avg_samples_per_s", "ts", ...}.
+
+    `steps_per_s`/`samples_per_s` cover the interval since the previous report; the `avg_` rates the attempt's
+    run so far (after its first step), the figures a job's record shows. A runtime older than the `avg_` rates
+    sends only the interval's.
+    """
 
     TYPE: ClassVar[str] = "progress"
     step: int | None = None
@@ -494,6 +500,10 @@ class TrainingProgress:
     samples_per_s: float | None = None
     epoch: int | None = None
     ts: float | None = None
+    avg_steps_per_s: float | None = None
+    avg_samples_per_s: float | None = None
+
+    RATES: ClassVar[tuple[str, ...]] = ("steps_per_s", "samples_per_s", "avg_steps_per_s", "avg_samples_per_s")
 
     def to_message(self) -> dict[str, Any]:
         return {"type": self.TYPE, **{k: v for k, v in asdict(self).items() if v is not None}}
@@ -501,7 +511,7 @@ class TrainingProgress:
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> TrainingProgress:
         """The usable fields of a record; a wrong-typed or out-of-range field is dropped, never trusted."""
-        rates = {key: _number(message.get(key)) for key in ("steps_per_s", "samples_per_s")}
+        rates = {key: _number(message.get(key)) for key in cls.RATES}
         return cls(step=_count(message.get("step")), max_steps=_count(message.get("max_steps")),
                    loss=_number(message.get("loss")),
                    **{key: value if value is None or value >= 0 else None for key, value in rates.items()},
@@ -567,12 +577,24 @@ class ResultRecord:
     def from_message(cls, message: Mapping[str, Any]) -> ResultRecord:
         return cls({str(k): v for k, v in message.items() if k != "type"})
 
+    def run_rates(self) -> tuple[float | None, float | None]:
+        """(steps/s, samples/s) over the whole run, as the runtime's result states them: a training run's own
+        rates; for inference, timed batches per second (1000 / mean latency) and its sample throughput."""
+        metrics = self.metrics
+        if metrics.get("kind") == "inference":
+            mean_ms = _number(metrics.get("latency_ms_mean"))
+            steps = 1000.0 / mean_ms if mean_ms else None
+            samples = _number(metrics.get("throughput_samples_per_s"))
+        else:
+            steps, samples = _number(metrics.get("steps_per_s")), _number(metrics.get("samples_per_s"))
+        return (steps if steps is None or steps >= 0 else None, samples if samples is None or samples >= 0 else None)
+
 
 ProgressRecord = TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord
 PROGRESS_RECORDS: dict[str, type[TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord]] = {
     record.TYPE: record for record in (TrainingProgress, ServingProgress, CheckpointRecord, ResultRecord)}
 # The records the agent forwards to the console (the newest of each kind); the rest stay in the file.
-FORWARDED_RECORDS = (TrainingProgress.TYPE, ServingProgress.TYPE)
+FORWARDED_RECORDS = (TrainingProgress.TYPE, ServingProgress.TYPE, ResultRecord.TYPE)
 
 
 def decode_progress_message(message: Any) -> ProgressRecord | None:

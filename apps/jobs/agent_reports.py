@@ -14,7 +14,13 @@ from apps.core.errors import WrongState
 from apps.jobs.dispatch import job_hosts, send_stop_after_commit
 from apps.jobs.lifecycle import finish, job_host_lost, lock_job, preempt_and_requeue, transition
 from apps.jobs.models import Job, JobAllocation, JobLogChunk
-from workers.protocol import JobStatus, ServingProgress, TrainingProgress, decode_progress_message
+from workers.protocol import (
+    JobStatus,
+    ResultRecord,
+    ServingProgress,
+    TrainingProgress,
+    decode_progress_message,
+)
 
 State = Job.State
 
@@ -121,6 +127,8 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
                               "port": record.port, "attempt": attempt})
         elif isinstance(record, TrainingProgress):
             _record_training_progress(job, record)
+        elif isinstance(record, ResultRecord):
+            _record_result(job, record)
 
 
 def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
@@ -136,10 +144,23 @@ def _record_training_progress(job: Job, progress: TrainingProgress) -> None:
     if progress.step is not None:
         fields["steps_done"] = progress.step
         fields["progress_at"] = timezone.now()
-    for value, target in [(progress.steps_per_s, "steps_per_second"),
-                          (progress.samples_per_s, "samples_per_second"), (progress.loss, "last_loss")]:
+    # The record shows the run's rates; a runtime that sends only the interval's has them stand in.
+    steps = progress.avg_steps_per_s if progress.avg_steps_per_s is not None else progress.steps_per_s
+    samples = progress.avg_samples_per_s if progress.avg_samples_per_s is not None else progress.samples_per_s
+    for value, target in [(steps, "steps_per_second"), (samples, "samples_per_second"),
+                          (progress.steps_per_s, "last_steps_per_second"),
+                          (progress.samples_per_s, "last_samples_per_second"), (progress.loss, "last_loss")]:
         if value is not None:
             fields[target] = value
+    if fields:
+        Job.objects.filter(pk=job.pk).update(**fields)
+
+
+def _record_result(job: Job, result: ResultRecord) -> None:
+    """The run's final figures (inference jobs report only these)."""
+    steps, samples = result.run_rates()
+    fields = {name: value for name, value in (("steps_per_second", steps), ("samples_per_second", samples))
+              if value is not None}
     if fields:
         Job.objects.filter(pk=job.pk).update(**fields)
 

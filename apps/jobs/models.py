@@ -102,8 +102,11 @@ class Job(models.Model):
     preemption_count = models.PositiveSmallIntegerField(default=0)
 
     steps_done = models.PositiveBigIntegerField(default=0)
+    # Over the current attempt's run so far (its result's figures once it ended); last_*: the latest interval.
     steps_per_second = models.FloatField(null=True, blank=True)
     samples_per_second = models.FloatField(null=True, blank=True)
+    last_steps_per_second = models.FloatField(null=True, blank=True)
+    last_samples_per_second = models.FloatField(null=True, blank=True)
     last_loss = models.FloatField(null=True, blank=True)
     # Per node of a multi-host run: node rank -> {"state", "exit_code", "reason"}; reset at each placement.
     node_results = models.JSONField(default=dict, blank=True)

@@ -132,8 +132,8 @@ class JobSerializer(serializers.ModelSerializer):
             "workload", "max_steps", "image", "env", "secrets", "mounts", "code", "shm_gb", "backend",
             "resolved_image", "time_limit_minutes", "max_retries", "state", "pending_reason", "queue_position", "estimated_start",
             "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done", "steps_per_second",
-            "samples_per_second", "last_loss", "runtime_info", "allocations", "created_at", "placed_at", "started_at",
-            "finished_at",
+            "samples_per_second", "last_steps_per_second", "last_samples_per_second", "last_loss", "runtime_info",
+            "allocations", "created_at", "placed_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 
@@ -213,7 +213,9 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "estimated_start": when(job.estimated_start), "exit_code": job.exit_code,
         "failure_reason": job.failure_reason, "attempts": job.attempts, "preemption_count": job.preemption_count,
         "steps_done": job.steps_done, "steps_per_second": job.steps_per_second,
-        "samples_per_second": job.samples_per_second, "last_loss": job.last_loss, "runtime_info": job.runtime_info,
+        "samples_per_second": job.samples_per_second, "last_steps_per_second": job.last_steps_per_second,
+        "last_samples_per_second": job.last_samples_per_second, "last_loss": job.last_loss,
+        "runtime_info": job.runtime_info,
         "allocations": [], "created_at": when(job.created_at), "placed_at": when(job.placed_at),
         "started_at": when(job.started_at), "finished_at": when(job.finished_at),
     }

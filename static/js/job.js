@@ -134,10 +134,13 @@
 
   function onProgress(msg) {
     var t = msg.ts || Date.now() / 1000;
-    sps.push(t, msg.steps_per_s);
+    // the chart: each interval's rate; the figure beside it: the run's
+    sps.push(t, msg.last_steps_per_s !== undefined && msg.last_steps_per_s !== null ? msg.last_steps_per_s : msg.steps_per_s);
     loss.push(t, msg.loss);
     if (msg.step !== undefined && msg.step !== null) { document.getElementById("job-steps").textContent = msg.step; }
     document.getElementById("job-sps").textContent = GC.fmt(msg.steps_per_s);
+    var samples = document.getElementById("job-samples-ps");
+    if (samples) { samples.textContent = GC.fmt(msg.samples_per_s); }
     document.getElementById("job-loss").textContent = msg.loss === null || msg.loss === undefined ? "no data" : GC.fmt(msg.loss);
     drawProgress();
   }
