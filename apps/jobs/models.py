@@ -158,6 +158,8 @@ class JobAllocation(models.Model):
     # The part of the GPU held, in 1/100s. Shares on one GPU never add up to more than 100: placement checks it
     # under the GPU's row lock, and the database refuses a second whole-GPU allocation outright.
     share_units = models.PositiveSmallIntegerField(default=100)
+    # The job's attempt (Job.attempts after the placement) that held it; 0 for rows from before it was kept.
+    attempt = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 

@@ -94,7 +94,8 @@ def job_place(
                 data={"gpus": [gpu.uuid for gpu in gpus]},
             ):
                 return False
-            JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu, share_units=share) for gpu in gpus])
+            JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu, share_units=share, attempt=job.attempts)
+                                               for gpu in gpus])
             Job.objects.filter(pk=job.pk).update(node_results={})
             UsageSegment.objects.create(job=job, team=job.team, user_id=job.user_id, gpus=job.gpus,
                                         share_units=share, started_at=now)

@@ -11,6 +11,7 @@ from rest_framework import serializers
 from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
+from apps.jobs.selectors import attempt_allocations
 from apps.quotas.models import Priority
 
 
@@ -110,6 +111,7 @@ class AllocationSerializer(serializers.Serializer):
     index = serializers.IntegerField(source="gpu.index")
     uuid = serializers.CharField(source="gpu.uuid")
     gpu_type = serializers.CharField(source="gpu.gpu_type")
+    attempt = serializers.IntegerField(help_text="the job's attempt that held the GPU (0: not recorded)")
 
     def get_share(self, allocation) -> float:
         return allocation.share_units / 100
@@ -159,10 +161,7 @@ class JobSerializer(serializers.ModelSerializer):
         return resolved_image_of(job)
 
     def get_allocations(self, job: Job) -> list[dict[str, Any]]:
-        active = [a for a in job.allocations.all() if a.released_at is None]
-        if not active and job.is_final:
-            active = list(job.allocations.all())
-        return AllocationSerializer(active, many=True).data
+        return AllocationSerializer(attempt_allocations(job), many=True).data
 
 
 def code_data(job: Job) -> dict[str, Any] | None:
