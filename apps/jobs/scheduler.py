@@ -15,6 +15,7 @@ from django.utils import timezone
 from apps.cluster.models import GPU, Host
 from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation, UsageSegment
+from apps.jobs.preempting import send_preemptions
 from apps.jobs.scheduling_rows import HOLDING_FIELDS, JOB_FIELDS, epoch, host_view, job_common
 from apps.jobs.usage import gpu_seconds_by_team, month_start
 from apps.quotas.models import TeamQuota, UserQuota
@@ -148,7 +149,7 @@ def scheduler_pass() -> PassResult:
     config = policy_config()
     snapshot = build_snapshot(config=config)
     decisions = schedule(snapshot, config)
-    preempted = sum(1 for p in decisions.preemptions if services.job_preempt(p.job_id, p.reason))
+    preempted, dropped = send_preemptions(decisions, config, lambda: build_snapshot(config=config))
     placed = 0
     pending_info = {
         job_id: (
@@ -159,6 +160,8 @@ def scheduler_pass() -> PassResult:
         for job_id, info in decisions.pending.items()
     }
     for placement in decisions.placements:
+        if placement.job_id in dropped:  # it starts on GPUs now free, in the next pass
+            continue
         share_units = round(placement.gpu_share * 100)
         if services.job_place(placement.job_id, placement.gpu_ids, borrowing=placement.borrowing,
                               share_units=share_units):
@@ -166,7 +169,7 @@ def scheduler_pass() -> PassResult:
         else:
             pending_info[placement.job_id] = ("starting: waiting for its GPUs to be released", 1, None)
     services.jobs_set_pending_info(pending_info)
-    if decisions.wake_at is not None or preempted:
+    if decisions.wake_at is not None or preempted or dropped:
         services.request_scheduler_pass()
     result = PassResult(
         pending=len(snapshot.pending),

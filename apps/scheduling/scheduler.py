@@ -293,7 +293,7 @@ class ConsolePass:
             reason = PREEMPTION_REASONS[kind].format(
                 team=state.job.team, job=job.job_id, other=job.team, priority=job.priority.name.lower()
             )
-            self.preemptions.append(Preemption(state.job.job_id, reason))
+            self.preemptions.append(Preemption(state.job.job_id, reason, for_job=job.job_id))
             self.victim_index.remove(state)
         self._commit(job, chosen, False, remaining_s)
         return True

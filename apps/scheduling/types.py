@@ -150,6 +150,9 @@ class Placement:
 class Preemption:
     job_id: int
     reason: str
+    # The waiting job it makes room for (None: stopped for another reason, such as a spent budget). Just before
+    # sending it, the console asks preemption.still_needed whether that job could start without it by then.
+    for_job: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
