@@ -57,7 +57,7 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "apps.core.apps.ConsoleAdminConfig",  # django.contrib.admin, its changes audited
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

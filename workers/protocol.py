@@ -599,9 +599,14 @@ def clean_metrics(values: Any) -> tuple[dict[str, float], int]:
 
 @dataclass(frozen=True)
 class TrainingProgress:
-    """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "ts",
-    "metrics": {name: value}, ...}. `dropped_metrics` counts the named metrics dropped on the way (bad names or
-    values), so the console can say how many it never got."""
+    """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "avg_steps_per_s",
+    "avg_samples_per_s", "ts", "metrics": {name: value}, ...}.
+
+    `steps_per_s`/`samples_per_s` cover the interval since the previous report; the `avg_` rates the attempt's
+    run so far (after its first step), the figures a job's record shows. A runtime older than the `avg_` rates
+    sends only the interval's. `dropped_metrics` counts the named metrics dropped on the way (bad names or
+    values), so the console can say how many it never got.
+    """
 
     TYPE: ClassVar[str] = "progress"
     step: int | None = None
@@ -613,6 +618,10 @@ class TrainingProgress:
     ts: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     dropped_metrics: int = 0
+    avg_steps_per_s: float | None = None
+    avg_samples_per_s: float | None = None
+
+    RATES: ClassVar[tuple[str, ...]] = ("steps_per_s", "samples_per_s", "avg_steps_per_s", "avg_samples_per_s")
 
     def to_message(self) -> dict[str, Any]:
         message = {"type": self.TYPE, **{k: v for k, v in asdict(self).items() if v is not None}}
@@ -630,7 +639,7 @@ class TrainingProgress:
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> TrainingProgress:
         """The usable fields of a record; a wrong-typed or out-of-range field is dropped, never trusted."""
-        rates = {key: _number(message.get(key)) for key in ("steps_per_s", "samples_per_s")}
+        rates = {key: _number(message.get(key)) for key in cls.RATES}
         metrics, dropped = clean_metrics(message.get("metrics"))
         return cls(step=_count(message.get("step")), max_steps=_count(message.get("max_steps")),
                    loss=_number(message.get("loss")),
@@ -698,6 +707,18 @@ class ResultRecord:
     def from_message(cls, message: Mapping[str, Any]) -> ResultRecord:
         return cls({str(k): v for k, v in message.items() if k != "type"})
 
+    def run_rates(self) -> tuple[float | None, float | None]:
+        """(steps/s, samples/s) over the whole run, as the runtime's result states them: a training run's own
+        rates; for inference, timed batches per second (1000 / mean latency) and its sample throughput."""
+        metrics = self.metrics
+        if metrics.get("kind") == "inference":
+            mean_ms = _number(metrics.get("latency_ms_mean"))
+            steps = 1000.0 / mean_ms if mean_ms else None
+            samples = _number(metrics.get("throughput_samples_per_s"))
+        else:
+            steps, samples = _number(metrics.get("steps_per_s")), _number(metrics.get("samples_per_s"))
+        return (steps if steps is None or steps >= 0 else None, samples if samples is None or samples >= 0 else None)
+
 
 ProgressRecord = TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord
 PROGRESS_RECORDS: dict[str, type[TrainingProgress | ServingProgress | CheckpointRecord | ResultRecord]] = {
@@ -705,6 +726,8 @@ PROGRESS_RECORDS: dict[str, type[TrainingProgress | ServingProgress | Checkpoint
 # The agent forwards every training record (the console keeps them as the job's metrics; at most this many a
 # post, workers/agent/progress.py) and the newest serving record; the rest stay in the file.
 MAX_PROGRESS_BATCH = 500
+# The records the agent forwards to the console; the rest stay in the file.
+FORWARDED_RECORDS = (TrainingProgress.TYPE, ServingProgress.TYPE, ResultRecord.TYPE)
 
 
 def decode_progress_message(message: Any) -> ProgressRecord | None:

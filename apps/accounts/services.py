@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from apps.accounts import access, tokens
 from apps.accounts.models import ApiToken, Membership, Role, Team
+from apps.core.errors import WrongState
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 
@@ -90,17 +91,41 @@ def token_user_id_cached(secret: str) -> int | None:
     return token.user_id
 
 
+class LastManager(WrongState):
+    """The change would leave a team that has a manager without one."""
+
+
+def _lock_team(team_id: int) -> None:
+    """Serialize the team's membership changes (first, before any membership row), so that two managers demoting
+    each other at once cannot both succeed."""
+    Team.objects.select_for_update().filter(pk=team_id).first()
+
+
+def _keep_a_manager(membership: Membership) -> None:
+    """Refuse to demote or remove a team's last manager (under _lock_team)."""
+    if membership.role != Role.MANAGER:
+        return
+    others = Membership.objects.filter(team_id=membership.team_id, role=Role.MANAGER).exclude(pk=membership.pk)
+    if not others.exists():
+        raise LastManager(
+            f"{membership.user.get_username()} is the last manager of team {membership.team.slug}: "
+            f"make another member a manager first"
+        )
+
+
 def membership_set(
     *, team: Team, user: AbstractBaseUser, role: Role, actor: AbstractBaseUser, request: HttpRequest | None = None
 ) -> Membership:
     """Give `user` the role in the team (the team's managers and site admins)."""
     access.require(actor, access.Action.MANAGE_MEMBERS, team)
     with transaction.atomic():
+        _lock_team(team.pk)
         membership, created = Membership.objects.select_for_update().get_or_create(
             team=team, user=user, defaults={"role": role}
         )
         old_role = None if created else membership.role
         if not created and membership.role != role:
+            _keep_a_manager(membership)
             membership.role = role
             membership.save(update_fields=["role"])
         if created or old_role != role:
@@ -135,6 +160,8 @@ def notify_access_changed(user_id: int) -> None:
 def membership_remove(*, membership: Membership, actor: AbstractBaseUser, request: HttpRequest | None = None) -> None:
     access.require(actor, access.Action.MANAGE_MEMBERS, membership)
     with transaction.atomic():
+        _lock_team(membership.team_id)
+        _keep_a_manager(membership)
         notify_access_changed(membership.user_id)
         target = f"{membership.user.get_username()} in {membership.team.slug}"
         old_role = membership.role

@@ -33,18 +33,22 @@ class HostAdmin(admin.ModelAdmin):
         from apps.cluster.services import host_set_draining
 
         for host in queryset:
-            host_set_draining(host, True)
+            host_set_draining(host, True, actor=request.user, request=request)
 
     @admin.action(description="End draining")
     def stop_draining(self, request, queryset) -> None:
         from apps.cluster.services import host_set_draining
 
         for host in queryset:
-            host_set_draining(host, False)
+            host_set_draining(host, False, actor=request.user, request=request)
 
     def save_model(self, request, obj, form, change) -> None:
-        obj.drain = obj.state == Host.State.DRAINING or (obj.drain and obj.state == Host.State.DOWN)
+        from apps.cluster.services import host_set_draining
+
+        drain = obj.state == Host.State.DRAINING or (obj.drain and obj.state == Host.State.DOWN)
         super().save_model(request, obj, form, change)
+        host_set_draining(obj, drain, actor=request.user, request=request)  # (audited when it changes)
+        obj.drain = drain
 
 
 @admin.register(GPU)

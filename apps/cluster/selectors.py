@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from apps.accounts import access
 from apps.accounts.access import AnyUser
 from apps.cluster.models import GPU, Host
+from apps.scheduling.placeability import gpu_type_key
 
 
 def hosts_visible_to(user: AnyUser) -> QuerySet[Host]:
@@ -17,7 +18,7 @@ def hosts_visible_to(user: AnyUser) -> QuerySet[Host]:
 
 
 def known_gpu_types() -> set[str]:
-    return set(GPU.objects.values_list("gpu_type", flat=True).distinct())
+    return {gpu_type_key(name) for name in GPU.objects.values_list("gpu_type", flat=True).distinct()}
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class GpuPools:
     per_host: dict[str, int] = field(default_factory=dict)
 
     def known(self, gpu_type: str) -> bool:
-        return gpu_type in self.counts
+        return gpu_type_key(gpu_type) in self.counts
 
     def largest_pool(self, gpu_type: str | None) -> int:
         """The most GPUs a single job could ever get (of this type, or of the most common one)."""
@@ -66,10 +67,15 @@ _POOLS_PARAMS = [GPU.Health.FAULTY, GPU.Health.FAULTY]
 
 
 def _pools(rows) -> GpuPools:
-    def column(index: int) -> dict[str, int]:
-        return {row[0]: int(row[index] or 0) for row in rows}
+    # (types are stored as gpu_type_key spells them; rows registered before that are merged into their key)
+    def column(index: int, merge=max) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for row in rows:
+            key = gpu_type_key(row[0])
+            merged[key] = merge(merged[key], int(row[index] or 0)) if key in merged else int(row[index] or 0)
+        return merged
 
-    return GpuPools(counts=column(1), memory_mb=column(2), host_cpus=column(3), host_memory_mb=column(4),
+    return GpuPools(counts=column(1, merge=int.__add__), memory_mb=column(2), host_cpus=column(3), host_memory_mb=column(4),
                     per_host=column(5))
 
 

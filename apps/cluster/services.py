@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from apps.accounts import tokens
@@ -15,6 +16,7 @@ from apps.cluster.models import GPU, Host, HostCredential
 from apps.core.errors import WrongState
 from apps.core.models import AuditEvent
 from apps.core.services import audit_record
+from apps.scheduling.placeability import gpu_type_key
 from workers.protocol import (
     CONTAINER_RUNTIMES,
     PROTOCOL_VERSION,
@@ -87,7 +89,7 @@ def host_register(host: Host, registration: dict) -> Host:
                 index=gpu["index"],
                 defaults={
                     "uuid": gpu["uuid"],
-                    "gpu_type": gpu["gpu_type"],
+                    "gpu_type": gpu_type_key(gpu["gpu_type"]),
                     "model_name": gpu.get("name", "")[:120],
                     "memory_mb": gpu["memory_mb"],
                 },
@@ -132,11 +134,17 @@ def host_heartbeat(host: Host) -> bool:
     return bool(Host.objects.filter(pk=host.pk, state=Host.State.DOWN).update(state=back))
 
 
-def host_set_draining(host: Host, draining: bool) -> None:
-    """Draining: no new jobs land on the host (running ones finish or are moved); it survives restarts."""
+def host_set_draining(
+    host: Host, draining: bool, *, actor: AbstractBaseUser | None, request: HttpRequest | None = None
+) -> None:
+    """Draining: no new jobs land on the host (running ones finish or are moved); it survives restarts. Audited."""
     state = Host.State.DRAINING if draining else Host.State.UP
-    Host.objects.filter(pk=host.pk).update(drain=draining)
-    Host.objects.filter(pk=host.pk).exclude(state=Host.State.DOWN).update(state=state)
+    with transaction.atomic():
+        changed = Host.objects.filter(pk=host.pk).exclude(drain=draining).update(drain=draining)
+        Host.objects.filter(pk=host.pk).exclude(state=Host.State.DOWN).update(state=state)
+        if changed:
+            audit_record(AuditEvent.Action.HOST_DRAIN, actor=actor, target=f"host {host.name}", request=request,
+                         draining=draining)
 
 
 def hosts_mark_lost(now=None) -> list[Host]:

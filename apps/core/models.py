@@ -26,6 +26,8 @@ class AuditEvent(models.Model):
         SECRET_ROTATED = "secret_rotated", "team secret rotated"
         SECRET_DELETED = "secret_deleted", "team secret deleted"
         VOLUME_CHANGED = "volume_changed", "volume created, changed or deleted"
+        ADMIN_CHANGED = "admin_changed", "object added, changed or deleted in the admin site"
+        HOST_DRAIN = "host_drain", "host drain started or ended"
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.ForeignKey(

@@ -179,8 +179,7 @@ def _artifacts(job: Job) -> list[tuple[str, int]]:
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _visible_job(request, job_id)
-    allocations = list(job.allocations.all())
-    active = [a for a in allocations if a.released_at is None] or (allocations if job.is_final else [])
+    active = job_selectors.attempt_allocations(job)
     start = max(job.log_size - LOG_TAIL_CHARS, 0)
     log_text, log_next = job_selectors.job_log_slice(job, start, LOG_TAIL_CHARS)
     gpus = [a.gpu for a in active]
@@ -337,7 +336,7 @@ def _team_page(request: HttpRequest, slug: str, **forms: Any) -> HttpResponse:
     usage = team_usage(team)
     budget_pct = None
     if usage.gpu_hours_budget:
-        budget_pct = min(100.0, 100.0 * usage.gpu_hours_this_month / usage.gpu_hours_budget)
+        budget_pct = min(100.0, usage.budget_used_pct or 0.0)
     context = {
         "team": team,
         "quota": quota_ensure(team),

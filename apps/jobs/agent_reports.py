@@ -24,7 +24,13 @@ from apps.jobs.lifecycle import (
 )
 from apps.jobs.metrics import db_step, record_metrics
 from apps.jobs.models import Job, JobAllocation, JobLogChunk
-from workers.protocol import JobStatus, ServingProgress, TrainingProgress, decode_progress_message
+from workers.protocol import (
+    JobStatus,
+    ResultRecord,
+    ServingProgress,
+    TrainingProgress,
+    decode_progress_message,
+)
 
 State = Job.State
 
@@ -154,6 +160,8 @@ def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict
                                   "port": record.port, "attempt": attempt})
             elif isinstance(record, TrainingProgress):
                 training.append(record)
+            elif isinstance(record, ResultRecord):
+                _record_result(job, record)
         if training:
             _record_training_progress(job, attempt, training)
 
@@ -169,21 +177,34 @@ def job_record_own_progress(*, job: Job, progress: dict[str, Any]) -> None:
 def _record_training_progress(job: Job, attempt: int, records: list[TrainingProgress]) -> None:
     """Keep every record's values as the job's metrics; the job's row shows the newest of each field."""
     record_metrics(job, attempt, records)
-    step, loss, steps_per_s, samples_per_s = None, None, None, None
+    newest: dict[str, Any] = {}
     for record in records:
-        step = db_step(record.step) if db_step(record.step) is not None else step
-        loss = record.loss if record.loss is not None else loss
-        steps_per_s = record.steps_per_s if record.steps_per_s is not None else steps_per_s
-        samples_per_s = record.samples_per_s if record.samples_per_s is not None else samples_per_s
-    progress = TrainingProgress(step=step, loss=loss, steps_per_s=steps_per_s, samples_per_s=samples_per_s)
+        for name in ("step", "loss", "steps_per_s", "samples_per_s", "avg_steps_per_s", "avg_samples_per_s"):
+            value = db_step(record.step) if name == "step" else getattr(record, name)
+            if value is not None:
+                newest[name] = value
+    progress = TrainingProgress(**newest)
     fields: dict[str, Any] = {}
     if progress.step is not None:
         fields["steps_done"] = progress.step
         fields["progress_at"] = timezone.now()
-    for value, target in [(progress.steps_per_s, "steps_per_second"),
-                          (progress.samples_per_s, "samples_per_second"), (progress.loss, "last_loss")]:
+    # The record shows the run's rates; a runtime that sends only the interval's has them stand in.
+    steps = progress.avg_steps_per_s if progress.avg_steps_per_s is not None else progress.steps_per_s
+    samples = progress.avg_samples_per_s if progress.avg_samples_per_s is not None else progress.samples_per_s
+    for value, target in [(steps, "steps_per_second"), (samples, "samples_per_second"),
+                          (progress.steps_per_s, "last_steps_per_second"),
+                          (progress.samples_per_s, "last_samples_per_second"), (progress.loss, "last_loss")]:
         if value is not None:
             fields[target] = value
+    if fields:
+        Job.objects.filter(pk=job.pk).update(**fields)
+
+
+def _record_result(job: Job, result: ResultRecord) -> None:
+    """The run's final figures (inference jobs report only these)."""
+    steps, samples = result.run_rates()
+    fields = {name: value for name, value in (("steps_per_second", steps), ("samples_per_second", samples))
+              if value is not None}
     if fields:
         Job.objects.filter(pk=job.pk).update(**fields)
 

@@ -105,8 +105,11 @@ class Job(models.Model):
     preemption_count = models.PositiveSmallIntegerField(default=0)
 
     steps_done = models.PositiveBigIntegerField(default=0)
+    # Over the current attempt's run so far (its result's figures once it ended); last_*: the latest interval.
     steps_per_second = models.FloatField(null=True, blank=True)
     samples_per_second = models.FloatField(null=True, blank=True)
+    last_steps_per_second = models.FloatField(null=True, blank=True)
+    last_samples_per_second = models.FloatField(null=True, blank=True)
     last_loss = models.FloatField(null=True, blank=True)
     # Per node of a multi-host run: node rank -> {"state", "exit_code", "reason"}; reset at each placement.
     node_results = models.JSONField(default=dict, blank=True)
@@ -160,6 +163,8 @@ class JobAllocation(models.Model):
     # The part of the GPU held, in 1/100s. Shares on one GPU never add up to more than 100: placement checks it
     # under the GPU's row lock, and the database refuses a second whole-GPU allocation outright.
     share_units = models.PositiveSmallIntegerField(default=100)
+    # The job's attempt (Job.attempts after the placement) that held it; 0 for rows from before it was kept.
+    attempt = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 

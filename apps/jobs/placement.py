@@ -15,7 +15,7 @@ from apps.jobs import scheduling_rows
 from apps.jobs.dispatch import dispatch_job
 from apps.jobs.lifecycle import transition
 from apps.jobs.models import Job, JobAllocation, UsageSegment
-from apps.jobs.usage import units_held
+from apps.jobs.usage import budget_exhausted, units_held
 from apps.quotas.models import UserQuota
 from apps.quotas.services import quota_lock
 from apps.scheduling.placeability import placement_refusal
@@ -46,6 +46,8 @@ def job_place(
             # Locked with its team and user, which the placement rule's view of the job names (one query).
             job = Job.objects.select_for_update(of=("self",)).select_related("team", "user").filter(pk=job_id).first()
             if job is None or job.state != State.QUEUED:
+                return False
+            if budget_exhausted(job.team, quota):  # (spent since the pass's snapshot: the core's rule, re-read)
                 return False
             share = 100 if not job.is_fractional else (share_units or job.gpu_share_units)
             if not 1 <= share <= 100:
@@ -92,7 +94,8 @@ def job_place(
                 data={"gpus": [gpu.uuid for gpu in gpus]},
             ):
                 return False
-            JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu, share_units=share) for gpu in gpus])
+            JobAllocation.objects.bulk_create([JobAllocation(job=job, gpu=gpu, share_units=share, attempt=job.attempts)
+                                               for gpu in gpus])
             Job.objects.filter(pk=job.pk).update(node_results={})
             UsageSegment.objects.create(job=job, team=job.team, user_id=job.user_id, gpus=job.gpus,
                                         share_units=share, started_at=now)

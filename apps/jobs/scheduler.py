@@ -15,14 +15,16 @@ from django.utils import timezone
 from apps.cluster.models import GPU, Host
 from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation, UsageSegment
+from apps.jobs.preempting import send_preemptions
 from apps.jobs.scheduling_rows import HOLDING_FIELDS, JOB_FIELDS, epoch, host_view, job_common
+from apps.jobs.usage import gpu_seconds_by_team, month_start
 from apps.quotas.models import TeamQuota, UserQuota
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory
 from apps.scheduling.similarity import similarity_key
 from apps.scheduling.types import PendingJob, RunningJob, Snapshot, TeamQuotaView
-from apps.scheduling.usage import decayed_gpu_seconds, segment_gpu_seconds
+from apps.scheduling.usage import budget_spent, decayed_gpu_seconds, segment_gpu_seconds
 
 logger = logging.getLogger(__name__)
 HISTORY_DAYS = 30
@@ -114,6 +116,10 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None)
     for team_slug, username, cap in UserQuota.objects.values_list("team__slug", "user__username", "max_gpus"):
         user_caps[team_slug][username] = cap
     team_usage, user_usage = _recent_usage(now, config.usage_half_life_s)
+    team_quotas = list(TeamQuota.objects.select_related("team"))
+    when = datetime.fromtimestamp(now, tz=UTC)
+    budgeted = [quota.team_id for quota in team_quotas if quota.gpu_hours_per_month > 0]
+    month_usage = gpu_seconds_by_team(month_start(when), when, budgeted) if budgeted else {}
     quotas = {
         quota.team.slug: TeamQuotaView(
             team=quota.team.slug,
@@ -123,8 +129,10 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None)
             recent_usage_gpu_seconds=team_usage.get(quota.team.slug, 0.0),
             may_borrow=quota.may_borrow,
             user_recent_usage_gpu_seconds=dict(user_usage.get(quota.team.slug, {})),
+            budget_spent=budget_spent(month_usage.get(quota.team.slug, 0.0), float(quota.gpu_hours_per_month)),
+            stop_when_spent=quota.when_budget_spent == TeamQuota.WhenBudgetSpent.STOP,
         )
-        for quota in TeamQuota.objects.select_related("team")
+        for quota in team_quotas
     }
     return Snapshot(now=now, hosts=hosts, pending=pending, running=running, quotas=quotas, history=_history())
 
@@ -143,7 +151,7 @@ def scheduler_pass() -> PassResult:
     config = policy_config()
     snapshot = build_snapshot(config=config)
     decisions = schedule(snapshot, config)
-    preempted = sum(1 for p in decisions.preemptions if services.job_preempt(p.job_id, p.reason))
+    preempted, dropped = send_preemptions(decisions, config, lambda: build_snapshot(config=config))
     placed = 0
     pending_info = {
         job_id: (
@@ -154,6 +162,8 @@ def scheduler_pass() -> PassResult:
         for job_id, info in decisions.pending.items()
     }
     for placement in decisions.placements:
+        if placement.job_id in dropped:  # it starts on GPUs now free, in the next pass
+            continue
         share_units = round(placement.gpu_share * 100)
         if services.job_place(placement.job_id, placement.gpu_ids, borrowing=placement.borrowing,
                               share_units=share_units):
@@ -161,7 +171,7 @@ def scheduler_pass() -> PassResult:
         else:
             pending_info[placement.job_id] = ("starting: waiting for its GPUs to be released", 1, None)
     services.jobs_set_pending_info(pending_info)
-    if decisions.wake_at is not None or preempted:
+    if decisions.wake_at is not None or preempted or dropped:
         services.request_scheduler_pass()
     result = PassResult(
         pending=len(snapshot.pending),

@@ -13,7 +13,7 @@ from django.db.models import F
 
 from apps.cluster.models import GPU, Host
 from apps.jobs.models import Job
-from apps.scheduling.placeability import Candidate
+from apps.scheduling.placeability import Candidate, gpu_type_key
 from apps.scheduling.similarity import similarity_key
 from apps.scheduling.types import GpuView, HostView, PendingJob, Priority
 
@@ -41,7 +41,7 @@ def epoch(value: datetime | None) -> float | None:
 
 
 def gpu_view(gpu: GPU) -> GpuView:
-    return GpuView(gpu_id=gpu.pk, index=gpu.index, gpu_type=gpu.gpu_type, schedulable=gpu.health == GPU.Health.OK,
+    return GpuView(gpu_id=gpu.pk, index=gpu.index, gpu_type=gpu_type_key(gpu.gpu_type), schedulable=gpu.health == GPU.Health.OK,
                    memory_mb=gpu.memory_mb)
 
 
@@ -69,7 +69,7 @@ def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> 
         "user": job["username"],
         "gpus": job["gpus_"],
         "priority": Priority.from_name(job["priority_"]),
-        "gpu_type": job["gpu_type_"] or None,
+        "gpu_type": gpu_type_key(job["gpu_type_"]) or None,
         "attained_gpu_seconds": attained_gpu_seconds,
         "declared_steps": job["max_steps_"],
         "steps_done": job["steps_done_"],

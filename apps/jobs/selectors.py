@@ -4,12 +4,23 @@ from django.db.models import QuerySet
 
 from apps.accounts import access
 from apps.accounts.access import AnyUser
-from apps.jobs.models import Job, JobEvent
+from apps.jobs.models import Job, JobAllocation, JobEvent
 
 
 def jobs_visible_to(user: AnyUser) -> QuerySet[Job]:
     """The jobs the user may see (apps/accounts/access.py decides)."""
     return access.restrict(Job.objects.select_related("team", "user"), user, access.Action.VIEW)
+
+
+def attempt_allocations(job: Job) -> list[JobAllocation]:
+    """The GPUs a job's record shows: those it holds now; once it ended, those of its last attempt (never every
+    attempt's mixed). Reads `job.allocations.all()`, so a prefetch serves it."""
+    allocations = list(job.allocations.all())
+    held = [a for a in allocations if a.released_at is None]
+    if held or not job.is_final:
+        return held
+    last = [a for a in allocations if a.attempt == job.attempts]
+    return last or [a for a in allocations if a.attempt == 0]  # (rows from before attempts were kept)
 
 
 def job_events(job: Job) -> QuerySet[JobEvent]:
@@ -18,8 +29,6 @@ def job_events(job: Job) -> QuerySet[JobEvent]:
 
 def jobs_to_stop_on_host(host, running: list[tuple[int, int]]) -> list[list[int]]:
     """Of the (job id, attempt) pairs an agent runs, those the console no longer wants running there."""
-    from apps.jobs.models import JobAllocation
-
     if not running:
         return []
     wanted = set(

@@ -11,6 +11,7 @@ from rest_framework import serializers
 from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
+from apps.jobs.selectors import attempt_allocations
 from apps.quotas.models import Priority
 
 
@@ -110,6 +111,7 @@ class AllocationSerializer(serializers.Serializer):
     index = serializers.IntegerField(source="gpu.index")
     uuid = serializers.CharField(source="gpu.uuid")
     gpu_type = serializers.CharField(source="gpu.gpu_type")
+    attempt = serializers.IntegerField(help_text="the job's attempt that held the GPU (0: not recorded)")
 
     def get_share(self, allocation) -> float:
         return allocation.share_units / 100
@@ -132,8 +134,8 @@ class JobSerializer(serializers.ModelSerializer):
             "workload", "max_steps", "image", "env", "secrets", "mounts", "code", "shm_gb", "backend",
             "resolved_image", "time_limit_minutes", "max_retries", "state", "pending_reason", "queue_position", "estimated_start",
             "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done", "steps_per_second",
-            "samples_per_second", "last_loss", "runtime_info", "allocations", "created_at", "placed_at", "started_at",
-            "finished_at",
+            "samples_per_second", "last_steps_per_second", "last_samples_per_second", "last_loss", "runtime_info",
+            "allocations", "created_at", "placed_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 
@@ -159,10 +161,7 @@ class JobSerializer(serializers.ModelSerializer):
         return resolved_image_of(job)
 
     def get_allocations(self, job: Job) -> list[dict[str, Any]]:
-        active = [a for a in job.allocations.all() if a.released_at is None]
-        if not active and job.is_final:
-            active = list(job.allocations.all())
-        return AllocationSerializer(active, many=True).data
+        return AllocationSerializer(attempt_allocations(job), many=True).data
 
 
 def code_data(job: Job) -> dict[str, Any] | None:
@@ -213,7 +212,9 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "estimated_start": when(job.estimated_start), "exit_code": job.exit_code,
         "failure_reason": job.failure_reason, "attempts": job.attempts, "preemption_count": job.preemption_count,
         "steps_done": job.steps_done, "steps_per_second": job.steps_per_second,
-        "samples_per_second": job.samples_per_second, "last_loss": job.last_loss, "runtime_info": job.runtime_info,
+        "samples_per_second": job.samples_per_second, "last_steps_per_second": job.last_steps_per_second,
+        "last_samples_per_second": job.last_samples_per_second, "last_loss": job.last_loss,
+        "runtime_info": job.runtime_info,
         "allocations": [], "created_at": when(job.created_at), "placed_at": when(job.placed_at),
         "started_at": when(job.started_at), "finished_at": when(job.finished_at),
     }

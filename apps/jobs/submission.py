@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +28,7 @@ from apps.jobs.usage import budget_exhausted
 from apps.jobs.workload_shape import checked_workload
 from apps.quotas.models import PRIORITY_RANK, Priority, TeamQuota, UserQuota
 from apps.quotas.services import quota_ensure
+from apps.scheduling.placeability import gpu_type_key
 from workers.runtime.catalog import PRESETS, WORKLOADS, validate_params
 
 State = Job.State
@@ -209,7 +210,7 @@ def _check_gpus(spec: JobSpec, submitter: _Submitter) -> dict[str, object]:
         if not pools.known(spec.gpu_type):
             known = ", ".join(sorted(pools.counts)) or "none registered yet"
             errors["gpu_type"] = [f"Unknown GPU type '{spec.gpu_type}'; registered types: {known}."]
-        elif quota.allowed_gpu_types and spec.gpu_type not in quota.allowed_gpu_types:
+        elif quota.allowed_gpu_types and spec.gpu_type not in {gpu_type_key(t) for t in quota.allowed_gpu_types}:
             allowed = ", ".join(quota.allowed_gpu_types)
             errors["gpu_type"] = [f"Team {team.slug} may use only these GPU types: {allowed}."]
     gpu_errors: list[str] = []
@@ -278,6 +279,8 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
     lock through the checks (as before) made one user's concurrent submissions queue behind it with the CPU idle.
     """
     preset = spec.preset or default_preset(spec.kind)
+    if spec.gpu_type:
+        spec = replace(spec, gpu_type=gpu_type_key(spec.gpu_type))
     submitter = _submitter(user, spec.team)
     team, quota = submitter.team, submitter.quota
     _check_role_and_priority(user, team, submitter.role, spec.priority, quota.max_priority)

@@ -19,6 +19,10 @@ class TeamUsageSerializer(serializers.Serializer):
     gpu_hours_this_month = serializers.FloatField()
     gpu_hours_budget = serializers.FloatField(help_text="0 means unlimited")
     gpu_hours_left = serializers.FloatField(allow_null=True, help_text="null means unlimited")
+    gpu_hours_over = serializers.FloatField(help_text="GPU-hours used beyond the budget (jobs that ran on)")
+    budget_used_pct = serializers.FloatField(allow_null=True, help_text="null means unlimited; above 100 when over")
+    budget_spent = serializers.BooleanField(help_text="no new job of the team starts this month")
+    when_budget_spent = serializers.CharField(help_text="finish: running jobs finish; stop: they checkpoint and stop")
     period_start = serializers.DateTimeField()
 
 

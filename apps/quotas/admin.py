@@ -29,7 +29,7 @@ class TeamWithQuotasAdmin(TeamAdmin):
 
 @admin.register(TeamQuota)
 class TeamQuotaAdmin(admin.ModelAdmin):
-    list_display = ("team", "max_gpus", "gpu_hours_per_month", "max_priority", "may_borrow", "share", "updated_at")
+    list_display = ("team", "max_gpus", "gpu_hours_per_month", "when_budget_spent", "max_priority", "may_borrow", "share", "updated_at")
     list_filter = ("max_priority", "may_borrow")
     search_fields = ("team__slug",)
 

@@ -18,6 +18,10 @@ PRIORITY_RANK = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2, Priority
 
 
 class TeamQuota(models.Model):
+    class WhenBudgetSpent(models.TextChoices):
+        FINISH = "finish", "running jobs finish"
+        STOP = "stop", "running jobs checkpoint and stop"
+
     team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota")
     max_gpus = models.PositiveIntegerField(default=0, help_text="GPUs the team may hold at once.")
     gpu_hours_per_month = models.DecimalField(
@@ -26,6 +30,11 @@ class TeamQuota(models.Model):
         default=0,
         validators=[MinValueValidator(0)],
         help_text="GPU-hour budget per calendar month (UTC); 0 means unlimited.",
+    )
+    when_budget_spent = models.CharField(
+        max_length=10, choices=WhenBudgetSpent.choices, default=WhenBudgetSpent.FINISH,
+        help_text="Once the monthly budget is spent no new job starts; this says what running jobs do: finish, or "
+        "stop (preempted: they checkpoint and wait in the queue).",
     )
     max_priority = models.CharField(max_length=10, choices=Priority.choices, default=Priority.HIGH)
     allowed_gpu_types = models.JSONField(

@@ -17,6 +17,6 @@ class TeamQuotaSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer)
 
     class Meta:
         model = TeamQuota
-        fields = ["team", "max_gpus", "gpu_hours_per_month", "max_priority", "allowed_gpu_types", "may_borrow",
-                  "share", "updated_at"]
+        fields = ["team", "max_gpus", "gpu_hours_per_month", "when_budget_spent", "max_priority", "allowed_gpu_types",
+                  "may_borrow", "share", "updated_at"]
         read_only_fields = ["team", "updated_at"]

@@ -13,7 +13,8 @@ from apps.core.models import AuditEvent
 from apps.core.services import audit_record
 from apps.quotas.models import QuotaRequest, TeamQuota
 
-QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_month", "max_priority", "allowed_gpu_types", "may_borrow", "share")
+QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_month", "when_budget_spent", "max_priority", "allowed_gpu_types",
+                "may_borrow", "share")
 
 
 def quota_ensure(team: Team) -> TeamQuota:

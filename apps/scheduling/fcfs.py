@@ -12,6 +12,7 @@ from collections import defaultdict
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import Decisions, PendingInfo, PendingJob, Placement, Snapshot
+from apps.scheduling.usage import budget_reason
 
 
 def queue_order(job: PendingJob) -> tuple[int, float, int]:
@@ -35,6 +36,10 @@ def schedule_fcfs(snapshot: Snapshot) -> Decisions:
         if quota is None:
             position += 1
             pending[job.job_id] = PendingInfo(f"team {job.team} has no quota", position, code="quota")
+            continue
+        if quota.budget_spent:
+            position += 1
+            pending[job.job_id] = PendingInfo(budget_reason(job.team), position, code="budget")
             continue
         need = min_units(job)
         held = team_held[job.team]

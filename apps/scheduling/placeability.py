@@ -15,6 +15,12 @@ from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, u
 from apps.scheduling.types import GpuView, HostView, PendingJob, RunningJob
 
 
+def gpu_type_key(name: str) -> str:
+    """The one spelling of a GPU type that registration, submission, quotas and placement compare: "h200 " and
+    "H200" are the same type."""
+    return name.strip().upper()
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A GPU offered to a placement, with its host's state and the units its current allocations hold."""

@@ -18,12 +18,13 @@ stopped. A waiting fraction asks for one whole GPU this way (a GPU with room wou
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.placement import FreeGpus
-from apps.scheduling.sharing import FULL, is_fractional
-from apps.scheduling.types import PendingJob, RunningJob
+from apps.scheduling.placement import FreeGpus, choose_gpus
+from apps.scheduling.sharing import FULL, held_units, is_fractional, min_units
+from apps.scheduling.types import PendingJob, RunningJob, Snapshot
 
 RECLAIM = "reclaim"
 PRIORITY = "priority"
@@ -301,3 +302,25 @@ def plan_preemption(
         if plan is not None and plan.victims and (best is None or plan.cost() < best.cost()):
             best = plan
     return best
+
+
+def still_needed(snapshot: Snapshot, job_id: int, promised: Iterable[int], config: PolicyConfig) -> bool:
+    """Whether the preemptions decided for waiting job `job_id` are still needed, on a snapshot taken just before
+    they are sent: False when the job no longer waits, or could now start on GPUs that no job holds and no
+    placement of the same pass was given (`promised`), within its team's quota or by borrowing."""
+    job = next((j for j in snapshot.pending if j.job_id == job_id), None)
+    if job is None:
+        return False
+    quota = snapshot.quotas.get(job.team)
+    if quota is None:
+        return True
+    held = sum(held_units(r) for r in snapshot.running if r.team == job.team)
+    need = min_units(job)
+    may_borrow = config.borrowing and quota.may_borrow and job.preemptible
+    if held + need > FULL * quota.max_gpus and not may_borrow:
+        return True  # the quota, not the GPUs, needs the victims to stop
+    free = FreeGpus.from_snapshot(snapshot)
+    free.take(g for g in set(promised) if free.is_free(g))
+    if job.gpus == 1 and is_fractional(job):
+        return free.choose_share(job, min_units(job)) is None
+    return choose_gpus(free, job.gpus, job.gpu_type, config.consolidate, free.hosts_for(job)) is None

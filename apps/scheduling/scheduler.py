@@ -38,15 +38,17 @@ from apps.scheduling.types import (
     RunningJob,
     Snapshot,
 )
+from apps.scheduling.usage import budget_reason
 
 PREEMPTION_REASONS = {
     RECLAIM: "GPUs borrowed beyond team {team}'s quota were reclaimed by job {job} of team {other}",
     PRIORITY: "stopped for higher-priority job {job} ({priority}) of team {other}",
     SHORTER: "stopped for job {job}, predicted to finish much sooner",
 }
+BUDGET_STOP = "team {team}'s monthly GPU-hour budget is spent and the team stops its jobs when it is (checkpoint and stop)"
 
 # Waiting for reasons that GPUs ending elsewhere do not change: no estimated start.
-NO_ESTIMATE = frozenset({"quota", "user_cap", "no_gpu_type", "no_runtime", "too_large"})
+NO_ESTIMATE = frozenset({"budget", "quota", "user_cap", "no_gpu_type", "no_runtime", "too_large"})
 # Whole-GPU jobs examined for the fraction fence per pass (the first one that fractions block is fenced for).
 FENCE_SCAN = 64
 
@@ -291,7 +293,7 @@ class ConsolePass:
             reason = PREEMPTION_REASONS[kind].format(
                 team=state.job.team, job=job.job_id, other=job.team, priority=job.priority.name.lower()
             )
-            self.preemptions.append(Preemption(state.job.job_id, reason))
+            self.preemptions.append(Preemption(state.job.job_id, reason, for_job=job.job_id))
             self.victim_index.remove(state)
         self._commit(job, chosen, False, remaining_s)
         return True
@@ -392,8 +394,22 @@ class ConsolePass:
                 )
         return None
 
+    def _stop_over_budget(self) -> None:
+        """Stop every running job of a team whose budget is spent and that asked for its jobs to be stopped."""
+        for state in self.states:
+            quota = self.snapshot.quotas.get(state.job.team)
+            if quota is None or not (quota.budget_spent and quota.stop_when_spent) or state.stopped:
+                continue
+            state.stopped = True
+            self._release(state)
+            self.team_held[state.job.team] -= state.held
+            self.user_held[(state.job.team, state.job.user)] -= state.held
+            self.victim_index.remove(state)
+            self.preemptions.append(Preemption(state.job.job_id, BUDGET_STOP.format(team=state.job.team)))
+
     def run(self) -> Decisions:
         self._running_states()
+        self._stop_over_budget()
         remaining_of, score_of = self._remaining, self._score
         ordered: list[Ranked] = []
         fractions = False
@@ -433,6 +449,8 @@ class ConsolePass:
         quota = self.snapshot.quotas.get(job.team)
         if quota is None:
             return "quota", f"team {job.team} has no GPU quota"
+        if quota.budget_spent:
+            return "budget", budget_reason(job.team)
         capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb, job.needs_containers)
         if capacity_key not in self.capacity_reasons:
             self.capacity_reasons[capacity_key] = self._capacity_reason(job)

@@ -124,6 +124,10 @@ class TeamQuotaView:
     # Fair share between the team's users: weights (default 1 each) and decayed recent usage.
     user_shares: dict[str, float] = field(default_factory=dict)
     user_recent_usage_gpu_seconds: dict[str, float] = field(default_factory=dict)
+    # The team has used its GPU-hour budget for the period (usage.budget_spent): none of its jobs is placed, and
+    # with `stop_when_spent` its running jobs are stopped (preempted: they checkpoint and wait in the queue).
+    budget_spent: bool = False
+    stop_when_spent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +155,9 @@ class Placement:
 class Preemption:
     job_id: int
     reason: str
+    # The waiting job it makes room for (None: stopped for another reason, such as a spent budget). Just before
+    # sending it, the console asks preemption.still_needed whether that job could start without it by then.
+    for_job: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +166,7 @@ class PendingInfo:
     position: int
     estimated_start: float | None = None
     # Machine-readable reason: quota, user_cap, borrow, no_gpu_type, no_runtime (no host runs containers, for a
-    # job with an image), too_large, priority, gang, backfill,
+    # job with an image), too_large, budget (the team's GPU-hour budget is spent), priority, gang, backfill,
     # waiting (for GPUs behind jobs ahead), reserved (head of the queue, GPUs reserved for it).
     code: str = ""
     predicted_runtime_s: float | None = None

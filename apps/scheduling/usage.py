@@ -50,6 +50,24 @@ def decay(elapsed_s: float, half_life_s: float) -> float:
     return 0.5 ** (elapsed_s / half_life_s) if half_life_s > 0 else 0.0
 
 
+def budget_spent(used_gpu_seconds: float, budget_gpu_hours: float) -> bool:
+    """Whether a team has used its GPU-hour budget for the period (a budget of 0 or less is unlimited)."""
+    return budget_gpu_hours > 0 and used_gpu_seconds >= budget_gpu_hours * 3600.0
+
+
+def budget_reason(team: str) -> str:
+    """Why a job of a team whose budget is spent waits."""
+    return (f"team {team} has used its monthly GPU-hour budget: its jobs start again when the budget is raised "
+            f"or the month ends")
+
+
+def budget_overrun_hours(used_gpu_seconds: float, budget_gpu_hours: float) -> float:
+    """GPU-hours used beyond the budget (0 within it, and always 0 without a budget)."""
+    if budget_gpu_hours <= 0:
+        return 0.0
+    return max(0.0, used_gpu_seconds / 3600.0 - budget_gpu_hours)
+
+
 def job_share_units(job: PendingJob | RunningJob) -> int:
     """Units of each GPU the job holds for accounting: its share for a fraction, else FULL (sharing.job_share)."""
     return share_units(job.gpu_share) if is_fractional(job) and job.gpu_share < 1.0 else FULL

@@ -165,13 +165,14 @@ class Hub:
                         .order_by("id").values("job_id", "offset", "data"))
         box.last_log = last_log
         progress = {}
-        for job_id, steps, loss, sps, samples, at in Job.objects.filter(pk__in=watched).values_list(
-                "pk", "steps_done", "last_loss", "steps_per_second", "samples_per_second", "progress_at"):
+        for job_id, steps, loss, sps, samples, last_sps, at in Job.objects.filter(pk__in=watched).values_list(
+                "pk", "steps_done", "last_loss", "steps_per_second", "samples_per_second", "last_steps_per_second",
+                "progress_at"):
             key = (steps, loss, sps, at)
             if at is not None and self.progress_sent.get(job_id) != key:
                 self.progress_sent[job_id] = key
                 progress[job_id] = {"type": "job.progress", "step": steps, "loss": loss, "steps_per_s": sps,
-                                    "samples_per_s": samples, "ts": at.timestamp()}
+                                    "samples_per_s": samples, "last_steps_per_s": last_sps, "ts": at.timestamp()}
         alerts = []
         since = box.alerts_checked_at
         box.alerts_checked_at = timezone.now()

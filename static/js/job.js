@@ -210,6 +210,8 @@
   function onProgress(msg) {
     if (msg.step !== undefined && msg.step !== null) { document.getElementById("job-steps").textContent = msg.step; }
     document.getElementById("job-sps").textContent = GC.fmt(msg.steps_per_s);
+    var samples = document.getElementById("job-samples-ps");
+    if (samples) { samples.textContent = GC.fmt(msg.samples_per_s); }
     document.getElementById("job-loss").textContent = msg.loss === null || msg.loss === undefined ? "no data" : GC.fmt(msg.loss);
     showProgress({ step: msg.step, max_steps: live.max_steps, steps_per_s: msg.steps_per_s },
       document.getElementById("job-state").textContent);

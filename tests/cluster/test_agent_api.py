@@ -37,8 +37,8 @@ def host_a(db):
     return Host.objects.get(name="sim-a"), secret
 
 
-def submit(user, gpus=1, team="vision", **extra) -> Job:
-    return job_submit(user=user, spec=JobSpec(name="t", kind="train", gpus=gpus, team=team,
+def submit(user, gpus=1, team="vision", kind="train", **extra) -> Job:
+    return job_submit(user=user, spec=JobSpec(name="t", kind=kind, gpus=gpus, team=team,
                                               workload={"builtin": "mlp-digits"}, **extra))
 
 
@@ -202,3 +202,37 @@ def test_a_running_job_the_agent_no_longer_lists_is_requeued_or_failed(world, ho
     client.post("/api/v1/agent/heartbeat/", {"running": []}, format="json")
     job.refresh_from_db()
     assert job.state == "failed" and "no longer runs it" in job.failure_reason
+
+
+def _running_job(world, secret, **extra) -> tuple[Job, str]:
+    Host.objects.exclude(name="sim-a").update(state="down")
+    job = submit(world.member, **extra)
+    scheduler_pass()
+    base = f"/api/v1/agent/jobs/{job.pk}"
+    assert agent(secret).post(f"{base}/status/", {"state": "running", "attempt": 1}, format="json").status_code == 200
+    return job, base
+
+
+def test_the_record_shows_the_run_average_and_the_last_interval(world, host_a, client_for):
+    _, secret = host_a
+    job, base = _running_job(world, secret)
+    progress = {"step": 300, "steps_per_s": 9.75, "samples_per_s": 624.0, "avg_steps_per_s": 4.47,
+                "avg_samples_per_s": 286.1}
+    agent(secret).post(f"{base}/progress/", {"attempt": 1, "progress": progress}, format="json")
+    detail = client_for(world.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert (detail["steps_per_second"], detail["samples_per_second"]) == (4.47, 286.1)
+    assert (detail["last_steps_per_second"], detail["last_samples_per_second"]) == (9.75, 624.0)
+    result = {"type": "result", "kind": "train", "steps_per_s": 4.4, "samples_per_s": 281.6, "steps": 320}
+    agent(secret).post(f"{base}/progress/", {"attempt": 1, "progress": result}, format="json")
+    detail = client_for(world.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert (detail["steps_per_second"], detail["samples_per_second"]) == (4.4, 281.6)
+
+
+def test_an_inference_job_gets_its_figures_from_its_result(world, host_a, client_for):
+    _, secret = host_a
+    job, base = _running_job(world, secret, kind="inference", preset="infer-fp32")
+    result = {"type": "result", "kind": "inference", "batches": 40, "latency_ms_mean": 12.5, "samples": 2560,
+              "throughput_samples_per_s": 5120.0}
+    agent(secret).post(f"{base}/progress/", {"attempt": 1, "progress": result}, format="json")
+    detail = client_for(world.member).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert (detail["steps_per_second"], detail["samples_per_second"]) == (80.0, 5120.0)

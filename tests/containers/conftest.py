@@ -187,6 +187,12 @@ class Agent:
         return Dispatch(job_id=job_id, attempt=options.pop("attempt", 1), host=self.host, workload=workload,
                         container=ContainerSpec(image=image, secrets=tuple(values), **container), **options)
 
+    def containers_left(self, console: Console, timeout: float = 60) -> list[str]:
+        """This agent's containers once it is done with every job (the end is reported first, the container
+        removed after)."""
+        console.wait(lambda: not self.runner.running(), timeout=timeout, what="the agent's cleanup after its jobs")
+        return self.containers()
+
     def containers(self) -> list[str]:
         """This agent's containers, running or not, as podman lists them."""
         listed = subprocess.run(["podman", "ps", "-a", "--filter", f"label={CONTAINER_LABEL_HOST}={self.host}",

@@ -104,7 +104,7 @@ def test_a_job_runs_in_its_image_under_its_own_uid_with_env_secret_masked_and_pr
     assert "runtime at /opt/gpu-console-runtime/workers/runtime/__init__.py" in log
     assert "fds [0, 1, 2, 3]" in log  # nothing of the agent's (the env file's memfd) leaks in
     assert console.progress[dispatch.job_id][-1]["step"] == 3
-    assert agent.containers() == []
+    assert agent.containers_left(console) == []
     assert not list((agent.runner.work_root / f"job-{dispatch.job_id}" / "attempt-1").glob("*env*"))
     # The dispatch named the secret only; the agent fetched its value with the host token, once, for this job.
     assert secret not in json.dumps(dispatch.to_message()) and dispatch.container.secrets == ("WANDB_API_KEY",)
@@ -183,7 +183,7 @@ def test_mounts_only_below_the_volume_roots_read_only_by_default(agent: Agent, c
         agent.runner.start(bad)
         final = console.wait_final(bad.job_id)
         assert final["state"] == "failed" and "outside this host's volume roots" in final["reason"]
-    assert agent.containers() == []
+    assert agent.containers_left(console) == []
 
 
 def test_a_missing_image_that_cannot_be_pulled_fails_the_job(agent: Agent, console: Console) -> None:
@@ -203,7 +203,7 @@ def test_a_job_past_its_memory_limit_fails_out_of_memory(agent: Agent, console: 
     assert final["state"] == "failed", console.log(dispatch.job_id)
     assert final["reason"] == "out of memory: the job exceeded its memory limit of 0.25 GB"
     assert "survived" not in console.log(dispatch.job_id).splitlines()
-    assert agent.containers() == []
+    assert agent.containers_left(console) == []
 
 
 def wait_ready(console: Console, job_id: int) -> None:
@@ -228,7 +228,7 @@ def test_cancel_and_time_limit_leave_no_container_and_no_process(agent: Agent, c
     agent.runner.start(limited)
     final = console.wait_final(limited.job_id)
     assert final["state"] == "failed" and final["reason"].startswith("time limit of 0.05 minutes exceeded")
-    assert agent.containers() == [] and job_processes() == []
+    assert agent.containers_left(console) == [] and job_processes() == []
 
 
 @pytest.mark.integration
@@ -241,7 +241,7 @@ def test_preemption_reaches_the_job_which_checkpoints(agent: Agent, console: Con
     assert final["state"] == "preempted" and "checkpointed" in console.log(dispatch.job_id)
     checkpoint = agent.runner.artifacts_root / str(dispatch.job_id) / "checkpoints" / "ckpt"
     assert checkpoint.read_text() == "step 7"
-    assert agent.containers() == [] and job_processes() == []
+    assert agent.containers_left(console) == [] and job_processes() == []
 
 
 @pytest.mark.integration
@@ -284,7 +284,7 @@ def test_ddp_job_with_two_simulated_gpus_runs_torchrun_in_the_image(agent: Agent
     assert final["state"] == "succeeded", log
     assert "python3 -m torch.distributed.run --nproc-per-node 2 --standalone" in log
     assert "rank 0 of 2 sum 3.0 cvd 0,1" in log and "rank 1 of 2 sum 3.0 cvd 0,1" in log
-    assert agent.containers() == []
+    assert agent.containers_left(console) == []
 
 
 def test_leftover_containers_of_the_host_are_removed_and_images_listed(agent: Agent, base_image: str) -> None:
@@ -327,10 +327,12 @@ def test_a_builtin_ddp_preset_runs_from_the_mounted_runtime_with_progress_and_ou
     assert final["state"] == "succeeded", console.log(dispatch.job_id)
     assert "python3 -m torch.distributed.run --nproc-per-node 2 --standalone -m workers.runtime.run_builtin" in \
         console.log(dispatch.job_id)
-    assert console.progress[dispatch.job_id][-1]["step"] == 4
+    records = console.progress[dispatch.job_id]
+    assert [r for r in records if r.get("type") == "progress"][-1]["step"] == 4
+    assert records[-1]["type"] == "result" and records[-1]["steps_per_s"] > 0  # the run's figures, forwarded
     outputs = agent.runner.artifacts_root / str(dispatch.job_id) / "outputs"
     assert any(outputs.iterdir())
-    assert agent.containers() == []
+    assert agent.containers_left(console) == []
 
 
 @pytest.mark.integration
@@ -389,7 +391,7 @@ def test_a_job_stopped_while_its_image_is_pulled_ends_stopped(agent: Agent, cons
         agent.runner.stop(dispatch.job_id, 1, "cancelled by a user")
         final = console.wait_final(dispatch.job_id, timeout=120)
     assert (final["state"], final["reason"]) == ("stopped", "cancelled by a user")
-    assert agent.containers() == []
+    assert agent.containers_left(console) == []
 
 
 HOSTILE = """\

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,21 @@ def cluster(tmp_path_factory):
 
 def proc_lines(log: str) -> list[dict[str, str]]:
     return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in re.findall(r"proc pid=.*", log)]
+
+
+def test_the_end_is_recorded_with_the_exit_the_agent_saw(cluster):
+    # The agent reports the end from the thread that saw the exit, before any cleanup (tests/agent/
+    # test_end_report.py holds the cleanup to show it); here the console keeps that exit time with the end.
+    # benchmarks/job_end_latency.py measures the gap.
+    job = cluster.submit(gpus=2, gpu_type="H200", preset="ddp",
+                         workload={"command": ["python", str(SCRIPTS / "show_env.py")]})
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    assert done["state"] == "succeeded", cluster.log(job["id"])
+    events = cluster.admin().get(f"/api/v1/jobs/{job['id']}/events/").json()["results"]
+    end = next(e for e in events if e["to_state"] == "succeeded")
+    exited_at = end["data"]["exited_at"]
+    assert exited_at <= datetime.fromisoformat(done["finished_at"]).timestamp()
+    assert datetime.fromisoformat(done["started_at"]).timestamp() <= exited_at
 
 
 def test_ddp_job_runs_one_process_per_placed_gpu(cluster):

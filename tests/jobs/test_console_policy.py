@@ -111,3 +111,33 @@ def test_snapshot_carries_what_the_policy_predicts_from(world):
     assert pending.similarity_key == "builtin:mlp-digits"
     assert similarity_key({"command": ["python", "/src/train.py", "--lr", "1"]}) == "command:train.py"
     assert snapshot.quotas["vision"].may_borrow
+
+
+def test_a_preemption_is_rechecked_against_free_gpus_just_before_it_is_sent(world, monkeypatch):
+    from apps.jobs import scheduler
+    from apps.quotas.models import TeamQuota
+
+    TeamQuota.objects.filter(team=world.vision).update(max_gpus=16)
+    Host.objects.filter(name="node-b").update(state="down")
+    low = submit(world.member, 8, priority="low")
+    scheduler_pass()
+    start(low)
+    urgent = submit(world.admin, 8, priority="urgent")
+    decided = []
+
+    def schedule_then_a_host_comes_back(snapshot, config):
+        decisions = schedule(snapshot, config)
+        decided.append(decisions)
+        Host.objects.filter(name="node-b").update(state="up")  # between the decision and the sending
+        return decisions
+
+    schedule = scheduler.schedule
+    monkeypatch.setattr(scheduler, "schedule", schedule_then_a_host_comes_back)
+    result = scheduler_pass()
+    assert [(p.job_id, p.for_job) for p in decided[0].preemptions] == [(low.pk, urgent.pk)]
+    assert result.preempted == 0 and fresh(low).preempt_requested_at is None
+    assert fresh(urgent).state == "queued"
+    monkeypatch.setattr(scheduler, "schedule", schedule)
+    scheduler_pass()
+    assert fresh(urgent).state == "placed" and fresh(low).state == "running"
+    assert {a.gpu.host.name for a in fresh(urgent).allocations.all()} == {"node-b"}

@@ -193,3 +193,20 @@ def test_a_higher_class_may_still_take_a_services_only_replica():
     urgent = pending(1, 1, priority=HIGH, declared_steps=30, observed_step_s=1.0)
     snap = snapshot(hosts(1, 1), [urgent], [_replica(10, 0, now)], now=now)
     assert set(stopped(schedule(snap))) == {10}
+
+
+def test_still_needed_rechecks_a_preemption_on_a_fresh_snapshot():
+    from apps.scheduling.preemption import still_needed
+
+    config = PolicyConfig()
+    full = snapshot(hosts(2, 4), [pending(9, gpus=4)], [running(1, (0, 1, 2, 3)), running(2, (4, 5, 6, 7))],
+                    quotas={"t": TeamQuotaView("t", 16)})
+    assert still_needed(full, 9, (), config)
+    one_ended = snapshot(hosts(2, 4), [pending(9, gpus=4)], [running(1, (0, 1, 2, 3))],
+                         quotas={"t": TeamQuotaView("t", 16)})
+    assert not still_needed(one_ended, 9, (), config)
+    assert still_needed(one_ended, 9, (4,), config)  # a placement of the same pass was given one of them
+    assert not still_needed(one_ended, 99, (), config)  # no longer waiting
+    quota_bound = snapshot(hosts(2, 4), [pending(9, gpus=4)], [running(1, (0, 1, 2, 3))],
+                           quotas={"t": TeamQuotaView("t", 4)})
+    assert still_needed(quota_bound, 9, (), config)  # the GPUs are there, the team's quota is not

@@ -386,15 +386,24 @@ class JobCgroup:
         what = f"its memory limit of {format_gb(limit)}" if limit is not None else "its memory limit"
         return f"out of memory: the job exceeded {what}"
 
-    def remove_and_report(self) -> dict[str, Any]:
-        """Remove the cgroup; what the final report adds of it (the job's peak memory, if known)."""
-        self.remove()
+    def end_and_report(self) -> dict[str, Any]:
+        """Kill what is left inside; what the final report adds of the cgroup (the job's peak memory, if known).
+        Quick: the final report waits for it, while remove() (which may retry for seconds) comes after it."""
+        self._peak = self.peak_memory_bytes()
+        unified = self.dirs.get("unified")
+        if unified is not None:
+            _write_if_present(unified / "cgroup.kill", "1")
+        for folder in self.dirs.values():
+            for pid in _read_pids(folder / "cgroup.procs"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         peak = self._peak
         return {} if peak is None else {"peak_memory_gb": round(peak / GIB, 3)}
 
     def remove(self) -> None:
         """Kill what is left inside, then remove the cgroup (retrying while the kernel still tears it down)."""
-        self._peak = self.peak_memory_bytes()
+        if self._peak is None:
+            self._peak = self.peak_memory_bytes()
         unified = self.dirs.get("unified")
         if unified is not None:
             _write_if_present(unified / "cgroup.kill", "1")

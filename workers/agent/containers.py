@@ -456,9 +456,12 @@ class ContainerRuntime:
     def cleanup_argv(self, name: str) -> list[str]:
         return [self.binary, "rm", "-f", *(["-t", "0"] if self.kind == "podman" else []), name]
 
-    def collect(self, container: ContainerJob, cgroup: JobCgroup | None, returncode: int) -> None:
-        """The job's shim is done: read how the container ended, then remove it."""
+    def read_end(self, container: ContainerJob, cgroup: JobCgroup | None, returncode: int) -> None:
+        """How the container ended (an OOM kill?): what the final report needs of it."""
         container.oom_killed = self.oom_killed(container.name) or _hit_memory_limit(cgroup, returncode)
+
+    def clean_up(self, container: ContainerJob, cgroup: JobCgroup | None) -> None:
+        """Remove the ended container (after its end is reported: podman may take seconds on a busy host)."""
         self.remove(container.name)
         if cgroup is not None:  # conmon's cgroup inside the job's, and the container's should podman leave it
             for folder in cgroup.dirs.values():

@@ -550,14 +550,17 @@ class JobRunner:
         try:
             self._pump(job, local_log)
             returncode = job.process.wait()
+            exited_at = time.time()
         finally:
             job.timer.cancel()
             (job.workdir / "job.pid").unlink(missing_ok=True)
             if self.on_detach:
                 self.on_detach(job)
         if job.container is not None and self.containers is not None:
-            self.containers.collect(job.container, job.cgroup, returncode)  # how it ended (OOM), then removed
-        self._finish(job, self._outcome(job, returncode))
+            self.containers.read_end(job.container, job.cgroup, returncode)  # how it ended (OOM)
+        status = self._outcome(job, returncode)
+        status.details["exited_at"] = exited_at  # (the console keeps it with the end's event)
+        self._finish(job, status)
 
     def _host_command(self, job: JobProcess, argv: list[str]) -> tuple[list[str], dict[str, str]]:
         """The shim's argv and environment that run `argv` as processes on this host (the process backend)."""
@@ -593,9 +596,10 @@ class JobRunner:
         return JobStatus("failed", attempt, exit_code=code, reason=describe_exit(returncode), node_rank=rank)
 
     def _finish(self, job: JobProcess, status: JobStatus) -> None:
-        job.ended.set()  # its processes are gone and its container removed (collect): the rest is reporting
-        if job.cgroup is not None:  # its processes are done: kill any left in the cgroup, remove it
-            status.details.update(job.cgroup.remove_and_report())
+        """Report the end at once, from the thread that saw the process exit; what may take long (removing the
+        container and the cgroup, which the kernel may keep busy for a while) comes after the report."""
+        if job.cgroup is not None:  # its processes are done: kill any left in the cgroup
+            status.details.update(job.cgroup.end_and_report())
         self._send_log(job, f"[agent] {status.state}: {status.reason}\n")
         self._reclaim(job)  # its processes are gone: before the console hears the end, take its files back
         try:
@@ -609,7 +613,18 @@ class JobRunner:
         except Exception:
             logger.exception("could not report the end of job %s; the console will notice", job.dispatch.job_id)
         finally:
+            self._clean_up(job)
+            job.ended.set()  # its processes are gone and its container removed: the agent's shutdown waits for it
             self._forget(job)
+
+    def _clean_up(self, job: JobProcess) -> None:
+        try:
+            if job.container is not None and self.containers is not None:
+                self.containers.clean_up(job.container, job.cgroup)
+            if job.cgroup is not None:
+                job.cgroup.remove()
+        except Exception:  # noqa: BLE001 - the next start of the agent removes what is left
+            logger.exception("job %s: cleanup after its end failed", job.dispatch.job_id)
 
     def _time_limit(self, job: JobProcess) -> None:
         minutes = job.dispatch.time_limit_s / 60

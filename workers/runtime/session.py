@@ -411,7 +411,8 @@ class Session:
     def report(self, *, loss: float | torch.Tensor | None = None, step: int | None = None,
                samples: int | None = None, **extra: Any) -> None:
         """Report progress (rank 0 writes). `samples` is the total this process has processed so far
-        (default: counted by batches()); rates cover the time since the previous report."""
+        (default: counted by batches()); `steps_per_s`/`samples_per_s` cover the time since the previous report,
+        the `avg_` rates the run so far (as the result states them)."""
         if loss is not None:
             loss = float(loss.detach().float().item() if isinstance(loss, torch.Tensor) else loss)
             self._last_loss = loss
@@ -423,6 +424,9 @@ class Session:
         steps_per_s = (step - previous[1]) / elapsed
         samples_per_s = (samples - previous[2]) * self.world_size / elapsed
         self._last_report = (now, step, samples)
+        avg_steps_per_s, avg_samples_per_s = self._run_rates(now, step, samples)
+        extra.setdefault("avg_steps_per_s", avg_steps_per_s)
+        extra.setdefault("avg_samples_per_s", avg_samples_per_s)
         self.reporter.progress(step=step, max_steps=self.planned_steps, loss=loss, steps_per_s=steps_per_s,
                                samples_per_s=samples_per_s, epoch=self.epoch, **extra)
 
@@ -430,6 +434,14 @@ class Session:
         """Report the job's own named metrics (rank 0 writes), e.g. `rt.report_metrics(val_acc=0.93)` after an
         evaluation; the job's page charts each name. `step` defaults to the current optimizer step."""
         self.reporter.metrics(step=self.step if step is None else step, metrics=dict(metrics))
+
+    def _run_rates(self, now: float, step: int, samples: int) -> tuple[float, float]:
+        """(steps/s, samples/s) of the run so far: from the end of its first step (compilation, allocator and
+        cache warm-up left out) once a later step is done, else from the start of training."""
+        start = self._warm_start if self._warm_start and step > self._warm_start[1] else self._train_start
+        start = start or (now, step, samples)
+        elapsed = max(now - start[0], 1e-9)
+        return (step - start[1]) / elapsed, (samples - start[2]) * self.world_size / elapsed
 
     # --- checkpoints ------------------------------------------------------------------------------------
 
@@ -579,15 +591,13 @@ class Session:
 
     def _training_summary(self) -> dict[str, Any]:
         now = time.perf_counter()
-        start = self._warm_start if self._warm_start and self.step > self._warm_start[1] else self._train_start
-        start = start or (now, self.step, self.samples_seen)
-        elapsed = max(now - start[0], 1e-9)
+        steps_per_s, samples_per_s = self._run_rates(now, self.step, self.samples_seen)
         summary: dict[str, Any] = {
             "steps": self.step,
             "samples": self.samples_seen * self.world_size,
             "final_loss": self._last_loss,
-            "steps_per_s": (self.step - start[1]) / elapsed,
-            "samples_per_s": (self.samples_seen - start[2]) * self.world_size / elapsed,
+            "steps_per_s": steps_per_s,
+            "samples_per_s": samples_per_s,
             "train_time_s": now - self._train_start[0] if self._train_start else None,
             "accumulation_steps": self.accumulation,
             "resumed_from_step": self.resumed_from,
