@@ -726,8 +726,6 @@ PROGRESS_RECORDS: dict[str, type[TrainingProgress | ServingProgress | Checkpoint
 # The agent forwards every training record (the console keeps them as the job's metrics; at most this many a
 # post, workers/agent/progress.py) and the newest serving record; the rest stay in the file.
 MAX_PROGRESS_BATCH = 500
-# The records the agent forwards to the console; the rest stay in the file.
-FORWARDED_RECORDS = (TrainingProgress.TYPE, ServingProgress.TYPE, ResultRecord.TYPE)
 
 
 def decode_progress_message(message: Any) -> ProgressRecord | None:

@@ -51,6 +51,7 @@ from workers.protocol import (
     JobEnvironment,
     JobIsolation,
     JobStatus,
+    ResultRecord,
     RunningDetails,
     decode_progress,
     job_api_url,
@@ -724,9 +725,10 @@ class JobRunner:
         if dropped:
             logger.warning("job %s reported %d metric values that are no finite numbers under short names: "
                            "dropped", job.dispatch.job_id, dropped)
+        results = [record for record in records if isinstance(record, ResultRecord)]
         try:
-            if serving is not None:
-                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, serving.to_message())
+            for newest in ([serving] if serving is not None else []) + results[-1:]:
+                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, newest.to_message())
             if training:
                 self.client.progress_records(job.dispatch.job_id, job.dispatch.attempt,
                                              [record.to_message() for record in training])
