@@ -143,7 +143,7 @@ def scheduler_pass() -> PassResult:
     decisions = schedule(snapshot, config)
     preempted = sum(1 for p in decisions.preemptions if services.job_preempt(p.job_id, p.reason))
     placed = 0
-    pending_info = {
+    pending_info: dict[int, tuple[str, int | None, datetime | None, float | None]] = {
         job_id: (
             info.reason,
             info.position,
