@@ -21,6 +21,9 @@ from apps.scheduling.usage import gpus_held, job_share_units
 # Recent finished runs kept per (user, similarity key): old behaviour stops mattering.
 HISTORY_WINDOW = 20
 OVERRUN_FRACTION = 0.25
+# The pass orders, backfills and reserves with at least this remaining time (its decisions were tuned so: without
+# it fifo-backfill's mean JCT on Muri trace4 went from 534 h to 588 h). Estimates use no floor.
+MIN_DECISION_REMAINING_S = 60.0
 # A prediction within this fraction of the truth counts as right (for confidence).
 PREDICTION_TOLERANCE = 0.25
 # Confidence when no similar run can vouch for the method: the job's own step time, a time limit (an upper

@@ -29,7 +29,7 @@ from apps.scheduling.estimate import Order, Waiting, estimate_starts
 from apps.scheduling.estimate import Release as EndsAt
 from apps.scheduling.ordering import FairShare, aging_boost
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
-from apps.scheduling.prediction import predict_remaining
+from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
 from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, VictimIndex, plan_preemption
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import (
@@ -131,8 +131,10 @@ class ConsolePass:
         # gpu id -> running fractional jobs on it
         self.sharers: dict[int, list[RunState]] = defaultdict(list)
         self.fence: Fence | None = None
-        # job id -> confidence of its run-time prediction (prediction.py)
+        # job id -> confidence of its run-time prediction (prediction.py), and the prediction without the floor
+        # that decisions use (estimates take it as it is)
         self.confidence: dict[int, float] = {}
+        self.expected: dict[int, float] = {}
         # jobs placed in this pass, with their predicted run time
         self.placed_jobs: list[tuple[PendingJob, float, int]] = []
 
@@ -140,7 +142,8 @@ class ConsolePass:
     def _remaining(self, job: PendingJob | RunningJob) -> float:
         remaining, confidence = predict_remaining(job, self.now, self.snapshot.history, self.config.default_runtime_s)
         self.confidence[job.job_id] = confidence
-        return remaining
+        self.expected[job.job_id] = remaining
+        return max(remaining, MIN_DECISION_REMAINING_S)
 
     def _score(self, job: PendingJob | RunningJob, remaining_s: float) -> float:
         ordering = self.config.ordering
@@ -600,8 +603,9 @@ class ConsolePass:
         )
         units = FULL * job.gpus if not is_fractional(job) else min_units(job)
         return Waiting(
-            job.job_id, order, job.team, job.user, job.gpus, job.gpu_type, units, remaining,
-            self.confidence.get(job.job_id, 0.0), quota_bound=not may_borrow,
+            job.job_id, order, job.team, job.user, job.gpus, job.gpu_type, units,
+            min(remaining, self.expected.get(job.job_id, remaining)), self.confidence.get(job.job_id, 0.0),
+            quota_bound=not may_borrow,
         )
 
     def _queue(self, ranked: list[tuple[PendingJob, float]]) -> list[Waiting]:
@@ -659,6 +663,7 @@ class ConsolePass:
         placed = {p.job_id: p.gpu_ids for p in self.placements}
         holders += [(job, remaining, units, placed[job.job_id]) for job, remaining, units in self.placed_jobs]
         for job, remaining, units, gpu_ids in holders:
+            remaining = min(remaining, self.expected.get(job.job_id, remaining))
             confidence = self.confidence.get(job.job_id, 0.0)
             end = self.now + remaining
             requeue = None
