@@ -1,5 +1,9 @@
 """Scheduler benchmark: every policy on the Muri traces beside the published figures, and the time of one pass.
 
+Beside JCT it reports how good the start estimates given at submission were (apps/scheduling/metrics.py
+EstimateFigures): the median of |estimate - real start| / wait over the jobs that waited, and the share of them
+that started within 25 % of their wait from the estimate.
+
     python benchmarks/scheduler.py [--traces-dir ../shared/traces] [--traces trace3,trace4,trace1]
         [--runtime-model muri|duration] [--preempt-cost-s 30] [--passes 9] [--skip-traces]
 
@@ -58,6 +62,15 @@ def published(traces_dir: Path) -> dict[tuple[str, str, str], float]:
     return figures
 
 
+def estimate_columns(summary: Summary) -> str:
+    """Start estimates given at submission: median |estimate - start| / wait, and the share within 25 % of the wait
+    (blank for policies that give none)."""
+    e = summary.estimates
+    if e is None:
+        return f"{'':>13}{'':>10}"
+    return f"{e.median_relative_error:>13.2f}{100 * e.within_25pct:>9.0f}%"
+
+
 def run_traces(traces_dir: Path, traces: list[str], runtime_model: str, preempt_cost_s: float) -> None:
     reference = published(traces_dir)
     for trace in traces:
@@ -67,6 +80,7 @@ def run_traces(traces_dir: Path, traces: list[str], runtime_model: str, preempt_
         print(
             f"{'policy':<16}{'avg JCT h':>10}{'(publ.)':>9}{'p99 h':>9}{'(publ.)':>9}{'makespan h':>11}"
             f"{'(publ.)':>9}{'p50 h':>8}{'queue h':>9}{'util':>6}{'preempt':>8}{'sim s':>7}"
+            f"{'est err/wait':>13}{'est +-25%':>10}"
         )
         for name in POLICY_NAMES:
             started = time.perf_counter()
@@ -83,7 +97,7 @@ def run_traces(traces_dir: Path, traces: list[str], runtime_model: str, preempt_
                 f"{name:<16}{summary.avg_jct_h:>10.1f}{ref('avg_jct_h')}{summary.p99_jct_h:>9.1f}{ref('p99_jct_h')}"
                 f"{summary.makespan_h:>11.1f}{ref('makespan_h')}{summary.p50_jct_h:>8.1f}"
                 f"{summary.mean_queueing_delay_h:>9.1f}{summary.gpu_utilization:>6.2f}{summary.preemptions:>8}"
-                f"{elapsed:>7.1f}"
+                f"{elapsed:>7.1f}{estimate_columns(summary)}"
             )
         for raw, ours in RAW_SCHEDULERS.items():
             if ours is None and (raw, "avg_jct_h", trace) in reference:

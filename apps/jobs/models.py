@@ -99,6 +99,8 @@ class Job(models.Model):
     pending_reason = models.CharField(max_length=300, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     estimated_start = models.DateTimeField(null=True, blank=True)
+    # How far to trust estimated_start, 0..1: how good past predictions of the jobs it waits on were.
+    estimate_confidence = models.FloatField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.CharField(max_length=500, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0, help_text="Times the job was placed.")

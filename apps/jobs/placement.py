@@ -89,6 +89,7 @@ def job_place(
                 pending_reason="",
                 queue_position=None,
                 estimated_start=None,
+                estimate_confidence=None,
                 attempts=job.attempts + 1,
                 borrowing=borrowing,
                 data={"gpus": [gpu.uuid for gpu in gpus]},
@@ -109,8 +110,8 @@ def job_place(
         return False
 
 
-def jobs_set_pending_info(infos: dict[int, tuple[str, int | None, Any]]) -> int:
-    """Store each waiting job's (reason, position, estimated start); writes only rows that changed.
+def jobs_set_pending_info(infos: dict[int, tuple[str, int | None, Any, float | None]]) -> int:
+    """Store each waiting job's (reason, position, estimated start, its confidence); writes only rows that changed.
 
     Each pass changes the rows of every job submitted since the last one (a hundred a second under load). One
     statement run for all of them (executemany: a single pipeline on PostgreSQL) took a twentieth of the time
@@ -120,14 +121,14 @@ def jobs_set_pending_info(infos: dict[int, tuple[str, int | None, Any]]) -> int:
     if not infos:
         return 0
     changed = [
-        (new[0][:300], new[1], new[2], pk)
+        (new[0][:300], new[1], new[2], new[3], pk)
         for pk, *current in Job.objects.filter(state=State.QUEUED).values_list(
-            "pk", "pending_reason", "queue_position", "estimated_start")
+            "pk", "pending_reason", "queue_position", "estimated_start", "estimate_confidence")
         if (new := infos.get(pk)) is not None and tuple(current) != new
     ]
     if changed:
         with connection.cursor() as cursor:
             cursor.executemany(
-                f"UPDATE {Job._meta.db_table} SET pending_reason = %s, queue_position = %s, estimated_start = %s"
-                f" WHERE id = %s AND state = '{State.QUEUED}'", changed)
+                f"UPDATE {Job._meta.db_table} SET pending_reason = %s, queue_position = %s, estimated_start = %s,"
+                f" estimate_confidence = %s WHERE id = %s AND state = '{State.QUEUED}'", changed)
     return len(changed)

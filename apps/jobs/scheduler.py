@@ -22,7 +22,7 @@ from apps.quotas.models import TeamQuota, UserQuota
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory
-from apps.scheduling.similarity import similarity_key
+from apps.scheduling.similarity import similarity_key, work_size
 from apps.scheduling.types import PendingJob, RunningJob, Snapshot, TeamQuotaView
 from apps.scheduling.usage import budget_spent, decayed_gpu_seconds, segment_gpu_seconds
 
@@ -63,7 +63,7 @@ def _history() -> RuntimeHistory:
     )
     for user, workload, gpus, started, ended, steps_per_second in reversed(finished):
         run = FinishedRun(gpus=gpus, runtime_s=(ended - started).total_seconds(),
-                          step_s=1.0 / steps_per_second if steps_per_second else None)
+                          step_s=1.0 / steps_per_second if steps_per_second else None, work=work_size(workload))
         history.record(user, similarity_key(workload), run)
     return history
 
@@ -153,11 +153,12 @@ def scheduler_pass() -> PassResult:
     decisions = schedule(snapshot, config)
     preempted, dropped = send_preemptions(decisions, config, lambda: build_snapshot(config=config))
     placed = 0
-    pending_info = {
+    pending_info: dict[int, tuple[str, int | None, datetime | None, float | None]] = {
         job_id: (
             info.reason,
             info.position,
-            datetime.fromtimestamp(info.estimated_start, tz=UTC) if info.estimated_start else None,
+            datetime.fromtimestamp(info.estimated_start, tz=UTC) if info.estimated_start is not None else None,
+            info.confidence if info.estimated_start is not None else None,
         )
         for job_id, info in decisions.pending.items()
     }
@@ -169,7 +170,7 @@ def scheduler_pass() -> PassResult:
                               share_units=share_units):
             placed += 1
         else:
-            pending_info[placement.job_id] = ("starting: waiting for its GPUs to be released", 1, None)
+            pending_info[placement.job_id] = ("starting: waiting for its GPUs to be released", 1, None, None)
     services.jobs_set_pending_info(pending_info)
     if decisions.wake_at is not None or preempted or dropped:
         services.request_scheduler_pass()

@@ -14,7 +14,7 @@ from django.db.models import F
 from apps.cluster.models import GPU, Host
 from apps.jobs.models import Job
 from apps.scheduling.placeability import Candidate, gpu_type_key
-from apps.scheduling.similarity import similarity_key
+from apps.scheduling.similarity import similarity_key, work_size
 from apps.scheduling.types import GpuView, HostView, PendingJob, Priority
 
 # The runtimes (workers.protocol.CONTAINER_RUNTIMES) that run a job in its image; "process" runs it on the host.
@@ -77,6 +77,7 @@ def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> 
         "time_limit_s": job["time_limit_minutes_"] * 60.0,
         "preemption_count": job["preemption_count_"],
         "similarity_key": similarity_key(job["workload_"]),
+        "work_size": work_size(job["workload_"]),
         "preemptible": job["priority_"] != "urgent",
         "gpu_share": job["gpu_share_units_"] / 100,
         "gpu_memory_mb": job["gpu_memory_mb_"],

@@ -133,9 +133,9 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "team", "user", "kind", "gpus", "gpu_memory_gb", "gpu_type", "cpus", "memory_gb", "priority", "preset",
             "workload", "max_steps", "image", "env", "secrets", "mounts", "code", "shm_gb", "backend",
             "resolved_image", "time_limit_minutes", "max_retries", "state", "pending_reason", "queue_position", "estimated_start",
-            "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done", "steps_per_second",
-            "samples_per_second", "last_steps_per_second", "last_samples_per_second", "last_loss", "runtime_info",
-            "allocations", "created_at", "placed_at", "started_at", "finished_at",
+            "estimate_confidence", "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done",
+            "steps_per_second", "samples_per_second", "last_steps_per_second", "last_samples_per_second", "last_loss",
+            "runtime_info", "allocations", "created_at", "placed_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 
@@ -209,7 +209,8 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "mounts": job.mounts, "code": code_data(job), "shm_gb": job.shm_gb, "backend": backend_of(job),
         "resolved_image": resolved_image_of(job), "time_limit_minutes": job.time_limit_minutes, "max_retries": job.max_retries,
         "state": job.state, "pending_reason": job.pending_reason, "queue_position": job.queue_position,
-        "estimated_start": when(job.estimated_start), "exit_code": job.exit_code,
+        "estimated_start": when(job.estimated_start), "estimate_confidence": job.estimate_confidence,
+        "exit_code": job.exit_code,
         "failure_reason": job.failure_reason, "attempts": job.attempts, "preemption_count": job.preemption_count,
         "steps_done": job.steps_done, "steps_per_second": job.steps_per_second,
         "samples_per_second": job.samples_per_second, "last_steps_per_second": job.last_steps_per_second,

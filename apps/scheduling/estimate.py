@@ -1,53 +1,183 @@
-"""Estimated start times for waiting jobs, by counting GPUs as running jobs end.
+"""Estimated start times for waiting jobs: the pass's queue replayed on the predicted future.
 
-The queue is replayed in order on a per-type GPU count (no hosts): each job starts when enough GPUs of its type
-are free, no earlier than the job ahead of it, and frees them after its predicted run time. This ignores backfill
-and fragmentation, so it is an estimate, computed in O(n log n) for the whole queue.
+Running jobs free their GPUs at their predicted ends, or earlier when a waiting job may stop them (the caller
+applies the preemption rules, minimum run time included, and says when). Waiting jobs are taken in the pass's
+order, and at each moment every job that then fits starts, as the pass would start it: enough free GPUs of its
+type, and room in its team's quota and its user's cap (a job that may borrow needs only idle GPUs). A job
+started in the replay frees its GPUs after its predicted run time. New arrivals are not foreseen and GPUs are
+counted per type (not per host): an estimate, not a promise; simulate.py measures how good it is.
+
+Each estimate carries a confidence in [0, 1]: the lowest confidence of the predictions whose ends let the job
+start at that moment (a replayed job's end is as sure as its start and its own run-time prediction together).
+
+Waiting jobs are kept in buckets of equal demand (type, GPUs, team, user, whether bound by quota), each a heap
+in queue order; only a bucket's first job can be the next to start, so a moment costs O(buckets), and the
+replay O((waiting + running) log + starts x buckets).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
+from dataclasses import dataclass, field
 
-# (job id, gpus, gpu type or None, predicted run time, known start or None): the head's reservation is known.
-QueuedDemand = tuple[int, int, str | None, float, float | None]
+# The pass's sort key: (-priority, score, submitted at, job id).
+Order = tuple[int, float, float, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    job_id: int
+    order: Order
+    team: str
+    user: str
+    gpus: int
+    gpu_type: str | None
+    # Quota units it takes (sharing.FULL per GPU), and whether it must fit in its team's quota (False: it may
+    # borrow idle GPUs beyond it).
+    units: int
+    runtime_s: float
+    confidence: float
+    quota_bound: bool = True
+    # The head of the queue with GPUs reserved for it: it starts then, whatever the jobs behind it do.
+    fixed_start: float | None = None
+    fixed_confidence: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """GPUs (of one type) and quota units that a running job gives back at `at`."""
+
+    at: float
+    gpu_type: str | None
+    gpus: int
+    team: str
+    user: str
+    units: int
+    confidence: float
+    # A job stopped (preempted) at `at` rather than ending: it waits again for its remaining run time.
+    requeue: Waiting | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    start: float
+    confidence: float
+
+
+@dataclass(order=True)
+class _Event:
+    at: float
+    seq: int
+    release: Release | None = field(compare=False)
+    # a reserved job's start (release None)
+    start: Waiting | None = field(default=None, compare=False)
 
 
 def estimate_starts(
     now: float,
     free_by_type: dict[str, int],
     capacity_by_type: dict[str, int],
-    releases: list[tuple[float, str, int]],
-    queue: list[QueuedDemand],
-) -> dict[int, float | None]:
-    heaps: dict[str, list[tuple[float, int]]] = {t: [] for t in capacity_by_type}
-    for at, released_type, gpus in releases:
-        if released_type in heaps:
-            heaps[released_type].append((at, gpus))
-    for heap in heaps.values():
-        heapq.heapify(heap)
-    available = {t: free_by_type.get(t, 0) for t in capacity_by_type}
-    clock = {t: now for t in capacity_by_type}
+    team_room: dict[str, int],
+    user_room: dict[tuple[str, str], int],
+    releases: list[Release],
+    queue: list[Waiting],
+) -> dict[int, Estimate | None]:
+    """job id -> its estimated start (None: it never starts on the predicted future, e.g. a job wider than its
+    team's quota). `team_room`: quota units each team has left now (may be negative); `user_room`: the same for
+    users with a cap (others have none)."""
+    free = {t: free_by_type.get(t, 0) for t in capacity_by_type}
+    team_room = dict(team_room)
+    user_room = dict(user_room)
     # Untyped jobs are counted on the type with the most GPUs (a simplification of "any type").
     default_type = max(capacity_by_type, key=lambda t: (capacity_by_type[t], t), default=None)
-    starts: dict[int, float | None] = {}
-    for job_id, needed, wanted_type, runtime_s, fixed_start in queue:
-        gpu_type = wanted_type or default_type
-        if gpu_type is None or gpu_type not in heaps or needed > capacity_by_type[gpu_type]:
-            starts[job_id] = None
-            continue
-        heap = heaps[gpu_type]
-        while available[gpu_type] < needed and heap:
-            at, gpus = heapq.heappop(heap)
-            available[gpu_type] += gpus
-            if at > clock[gpu_type]:
-                clock[gpu_type] = at
-        if available[gpu_type] < needed:
-            starts[job_id] = None
-            continue
-        start = clock[gpu_type] if fixed_start is None else max(fixed_start, now)
-        clock[gpu_type] = max(clock[gpu_type], start)
-        available[gpu_type] -= needed
-        heapq.heappush(heap, (start + runtime_s, needed))
-        starts[job_id] = start
-    return starts
+    seq = itertools.count()
+    events = [_Event(r.at, next(seq), r) for r in releases]
+    heapq.heapify(events)
+    buckets: dict[tuple[str, int, str, str, bool], list[tuple[Order, int, Waiting]]] = {}
+    estimates: dict[int, Estimate | None] = {}
+
+    def type_of(job: Waiting | Release) -> str | None:
+        return job.gpu_type or default_type
+
+    def enqueue(job: Waiting) -> None:
+        gpu_type = type_of(job)
+        if gpu_type is None or gpu_type not in capacity_by_type or job.gpus > capacity_by_type[gpu_type]:
+            estimates.setdefault(job.job_id, None)
+            return
+        capped = (job.team, job.user) in user_room
+        key = (
+            gpu_type,
+            job.gpus,
+            job.team if job.quota_bound or capped else "",
+            job.user if capped else "",
+            job.quota_bound,
+        )
+        heapq.heappush(buckets.setdefault(key, []), (job.order, next(seq), job))
+
+    def fits(job: Waiting) -> bool:
+        if free[type_of(job) or ""] < job.gpus:
+            return False
+        if job.quota_bound and team_room.get(job.team, 0) < job.units:
+            return False
+        room = user_room.get((job.team, job.user))
+        return room is None or room >= job.units
+
+    def start(job: Waiting, at: float, confidence: float) -> None:
+        gpu_type = type_of(job) or ""
+        free[gpu_type] -= job.gpus
+        team_room[job.team] = team_room.get(job.team, 0) - job.units
+        if (job.team, job.user) in user_room:
+            user_room[(job.team, job.user)] -= job.units
+        # A job stopped and waiting again keeps the estimate of its first wait.
+        estimates.setdefault(job.job_id, Estimate(at, confidence))
+        end_confidence = min(confidence, job.confidence)
+        release = Release(
+            at + job.runtime_s, gpu_type, job.gpus, job.team, job.user, job.units, end_confidence
+        )
+        heapq.heappush(events, _Event(release.at, next(seq), release))
+
+    reserved = 0  # reserved starts still to come
+    for job in queue:
+        if job.fixed_start is None:
+            enqueue(job)
+        elif type_of(job) in free:
+            heapq.heappush(events, _Event(max(now, job.fixed_start), next(seq), None, job))
+            reserved += 1
+        else:
+            estimates[job.job_id] = None
+    clock = now
+    while True:
+        moment_confidence = 1.0
+        while events and events[0].at <= clock:
+            event = heapq.heappop(events)
+            release = event.release
+            if release is None:
+                if event.start is not None:
+                    start(event.start, clock, event.start.fixed_confidence)
+                    reserved -= 1
+                continue
+            moment_confidence = min(moment_confidence, release.confidence)
+            gpu_type = type_of(release)
+            if gpu_type in free:
+                free[gpu_type] += release.gpus
+            team_room[release.team] = team_room.get(release.team, 0) + release.units
+            if (release.team, release.user) in user_room:
+                user_room[(release.team, release.user)] += release.units
+            if release.requeue is not None:
+                enqueue(release.requeue)
+        while True:
+            best: list[tuple[Order, int, Waiting]] | None = None
+            for bucket in buckets.values():
+                if bucket and (best is None or bucket[0][0] < best[0][0]) and fits(bucket[0][2]):
+                    best = bucket
+            if best is None:
+                break
+            start(heapq.heappop(best)[2], clock, moment_confidence)
+        if not (reserved or any(buckets.values())) or not events:
+            break
+        clock = max(clock, events[0].at)
+    for bucket in buckets.values():
+        for _, _, job in bucket:
+            estimates.setdefault(job.job_id, None)
+    return estimates

@@ -35,7 +35,7 @@ def schedule_fcfs(snapshot: Snapshot) -> Decisions:
         quota = snapshot.quotas.get(job.team)
         if quota is None:
             position += 1
-            pending[job.job_id] = PendingInfo(f"team {job.team} has no quota", position, code="quota")
+            pending[job.job_id] = PendingInfo(f"team {job.team} has no quota", position, code="no_quota")
             continue
         if quota.budget_spent:
             position += 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from apps.scheduling.simulation import JobState, SimResult
@@ -24,6 +26,25 @@ class TeamFigures:
 
 
 @dataclass(frozen=True)
+class EstimateFigures:
+    """How good the start estimates given at submission were, over the jobs that had to wait.
+
+    A waiting job with no estimate counts as missed (an infinite error): a blank is no answer to "when?".
+    """
+
+    waited: int
+    # Share of waiting jobs that were given an estimate at all.
+    coverage: float
+    median_abs_error_h: float
+    p90_abs_error_h: float
+    median_wait_h: float
+    # Median over waiting jobs of |estimate - actual start| / actual wait (the target: under 0.25).
+    median_relative_error: float
+    # Share of waiting jobs whose start fell within +-25 % of their wait from the estimate.
+    within_25pct: float
+
+
+@dataclass(frozen=True)
 class Summary:
     policy: str
     jobs: int
@@ -38,6 +59,7 @@ class Summary:
     passes: int
     teams: dict[str, TeamFigures] = field(default_factory=dict)
     worst_finish_time_fairness: float | None = None
+    estimates: EstimateFigures | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -45,7 +67,11 @@ class Summary:
 
 def summarize(result: SimResult) -> Summary:
     # (job, finish, first start) of the jobs that finished (a finished job has started)
-    runs = [(s, s.finish, s.first_start) for s in result.jobs if s.finish is not None and s.first_start is not None]
+    runs = [
+        (s, s.finish, s.first_start)
+        for s in result.jobs
+        if s.finish is not None and s.first_start is not None
+    ]
     done = [s for s, _, _ in runs]
     jcts = [finish - s.trace.submit_s for s, finish, _ in runs]
     first_submit = min(s.trace.submit_s for s in result.jobs)
@@ -66,6 +92,38 @@ def summarize(result: SimResult) -> Summary:
         passes=result.passes,
         teams=teams,
         worst_finish_time_fairness=max((t.finish_time_fairness for t in teams.values()), default=None),
+        estimates=estimate_figures(result.jobs),
+    )
+
+
+def estimate_figures(jobs: list[JobState]) -> EstimateFigures | None:
+    """Error of the estimated starts given at submission against the real first starts; None if no job waited,
+    or no job got an estimate (a policy that gives none, like the oracles)."""
+    waits: list[float] = []
+    errors: list[float] = []
+    relative: list[float] = []
+    for s in jobs:
+        if not s.waited_at_submit or s.first_start is None or s.first_start <= s.trace.submit_s:
+            continue
+        wait = s.first_start - s.trace.submit_s
+        waits.append(wait)
+        if s.estimate_at_submit is None:
+            errors.append(math.inf)
+            relative.append(math.inf)
+            continue
+        error = abs(s.estimate_at_submit - s.first_start)
+        errors.append(error)
+        relative.append(error / wait)
+    if not waits or all(math.isinf(e) for e in errors):
+        return None
+    return EstimateFigures(
+        waited=len(waits),
+        coverage=sum(1 for e in errors if not math.isinf(e)) / len(errors),
+        median_abs_error_h=statistics.median(errors) / HOUR,
+        p90_abs_error_h=quantile_as_published(errors, 0.9) / HOUR,
+        median_wait_h=statistics.median(waits) / HOUR,
+        median_relative_error=statistics.median(relative),
+        within_25pct=sum(1 for r in relative if r <= 0.25) / len(relative),
     )
 
 

@@ -8,7 +8,9 @@ One pass, O(pending log pending + GPUs) plus a bounded number of victim searches
    within quota, it may stop victims (see preemption.py); else it waits with a reason.
 3. The first job within quota that cannot start becomes the head: the GPUs it will get when enough running jobs
    end (at their predicted ends) are reserved from then; a later job may use them only if it will end first.
-4. Every waiting job gets a position and an estimated start (estimate.py).
+4. Every waiting job gets a position and an estimated start with its confidence (estimate.py): the queue in this
+   order replayed on the running jobs' predicted ends, each team within its quota, and victims stopped as soon as
+   the preemption rules (minimum run time, cap) allow.
 
 Fractions of a GPU (sharing.py) are counted in units of 1/100 GPU for quotas. They pack onto shared GPUs by best
 fit and open a whole GPU only when none fits. So that scattered fractions never block a whole-GPU job forever, the
@@ -20,13 +22,14 @@ taken again by fractions ahead of it in the queue (no preemption).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.estimate import estimate_starts
+from apps.scheduling.estimate import Order, Waiting, estimate_starts
+from apps.scheduling.estimate import Release as EndsAt
 from apps.scheduling.ordering import FairShare, aging_boost
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
-from apps.scheduling.prediction import predict_remaining_s
+from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
 from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, VictimIndex, plan_preemption
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import (
@@ -47,8 +50,10 @@ PREEMPTION_REASONS = {
 }
 BUDGET_STOP = "team {team}'s monthly GPU-hour budget is spent and the team stops its jobs when it is (checkpoint and stop)"
 
-# Waiting for reasons that GPUs ending elsewhere do not change: no estimated start.
-NO_ESTIMATE = frozenset({"budget", "quota", "user_cap", "no_gpu_type", "no_runtime", "too_large"})
+# Waiting for reasons that no job's end changes: no estimated start (a spent budget comes back only next month).
+NO_ESTIMATE = frozenset({"budget", "no_gpu_type", "no_runtime", "too_large", "no_quota"})
+# Waiting for its own team's (or user's) jobs to end: jobs of other teams do not hold it back.
+OWN_LIMIT = frozenset({"quota", "user_cap"})
 # Whole-GPU jobs examined for the fraction fence per pass (the first one that fractions block is fenced for).
 FENCE_SCAN = 64
 
@@ -128,10 +133,19 @@ class ConsolePass:
         # gpu id -> running fractional jobs on it
         self.sharers: dict[int, list[RunState]] = defaultdict(list)
         self.fence: Fence | None = None
+        # job id -> confidence of its run-time prediction (prediction.py), and the prediction without the floor
+        # that decisions use (estimates take it as it is)
+        self.confidence: dict[int, float] = {}
+        self.expected: dict[int, float] = {}
+        # jobs placed in this pass, with their predicted run time
+        self.placed_jobs: list[tuple[PendingJob, float, int]] = []
 
     # -- scores -------------------------------------------------------------------------------------------
     def _remaining(self, job: PendingJob | RunningJob) -> float:
-        return predict_remaining_s(job, self.now, self.snapshot.history, self.config.default_runtime_s)
+        remaining, confidence = predict_remaining(job, self.now, self.snapshot.history, self.config.default_runtime_s)
+        self.confidence[job.job_id] = confidence
+        self.expected[job.job_id] = remaining
+        return max(remaining, MIN_DECISION_REMAINING_S)
 
     def _score(self, job: PendingJob | RunningJob, remaining_s: float) -> float:
         ordering = self.config.ordering
@@ -230,6 +244,7 @@ class ConsolePass:
         self.user_held[(job.team, job.user)] += units * len(gpu_ids)
         self.placements.append(Placement(job.job_id, gpu_ids, borrowing, share))
         self.placed_ends.append((self.now + remaining_s, gpu_ids, job.team, units, memory))
+        self.placed_jobs.append((job, remaining_s, units))
 
     def _release(self, state: RunState) -> None:
         gpu_ids = state.job.gpu_ids
@@ -430,7 +445,7 @@ class ConsolePass:
             if code_reason is not None:
                 code, reason = code_reason
                 waiting.append((job, remaining, code, reason))
-                if code not in NO_ESTIMATE:
+                if code not in NO_ESTIMATE and code not in OWN_LIMIT:
                     higher_class_waiting[int(job.priority)] += 1
         self._explain(waiting)
         # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
@@ -448,7 +463,7 @@ class ConsolePass:
         config = self.config
         quota = self.snapshot.quotas.get(job.team)
         if quota is None:
-            return "quota", f"team {job.team} has no GPU quota"
+            return "no_quota", f"team {job.team} has no GPU quota"
         if quota.budget_spent:
             return "budget", budget_reason(job.team)
         capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb, job.needs_containers)
@@ -564,36 +579,145 @@ class ConsolePass:
             for gpu_id in self.reservation.held:
                 gpu_type = self.free.location[gpu_id][1]
                 free_by_type[gpu_type] = free_by_type.get(gpu_type, 0) + 1
-        releases: list[tuple[float, str, int]] = []
-        # A GPU shared by fractions is released when the last of them ends.
-        shared_end: dict[int, float] = {}
-        for end, gpu_ids, _, units, _ in self._running_releases() + self.placed_ends:
-            if units < FULL or gpu_ids and gpu_ids[0] in self.free.used:
+        quotas = self.snapshot.quotas
+        team_room = {team: FULL * q.max_gpus - self.team_held[team] for team, q in quotas.items()}
+        user_room = {
+            (team, user): FULL * cap - self.user_held[(team, user)]
+            for team, q in quotas.items()
+            for user, cap in q.user_max_gpus.items()
+        }
+        ranked = [(job, remaining) for job, remaining, code, _ in waiting if code not in NO_ESTIMATE]
+        starts = estimate_starts(
+            self.now, free_by_type, capacity, team_room, user_room, self._ends(ranked), self._queue(ranked)
+        )
+        for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
+            estimate = starts.get(job.job_id)
+            self.pending[job.job_id] = PendingInfo(
+                self._agreeing_reason(code, reason, position),
+                position,
+                estimate.start if estimate is not None else None,
+                code,
+                predicted_runtime_s=remaining,
+                confidence=round(estimate.confidence, 2) if estimate is not None else None,
+            )
+
+    def _agreeing_reason(self, code: str, reason: str, position: int) -> str:
+        """The reason, told so that it agrees with the position beside it."""
+        if code == "waiting" and position == 1:
+            return reason.replace(
+                "jobs ahead are predicted to finish sooner or have higher priority",
+                "first in the queue; it starts as running jobs end",
+            )
+        return reason
+
+    def _waiting_entry(self, job: PendingJob | RunningJob, remaining: float, order: Order) -> Waiting:
+        quota = self.snapshot.quotas.get(job.team)
+        may_borrow = (
+            quota is not None
+            and self.config.borrowing
+            and quota.may_borrow
+            and job.preemptible
+            and job.preemption_count < self.config.max_preemptions_per_job
+        )
+        units = FULL * job.gpus if not is_fractional(job) else min_units(job)
+        return Waiting(
+            job.job_id, order, job.team, job.user, job.gpus, job.gpu_type, units,
+            min(remaining, self.expected.get(job.job_id, remaining)), self.confidence.get(job.job_id, 0.0),
+            quota_bound=not may_borrow,
+        )
+
+    def _queue(self, ranked: list[tuple[PendingJob, float]]) -> list[Waiting]:
+        queue = [
+            self._waiting_entry(job, remaining, (-int(job.priority), self._score(job, remaining), job.submitted_at,
+                                                 job.job_id))
+            for job, remaining in ranked
+        ]
+        head = self.reservation
+        if head is None:
+            return queue
+        # The reserved head starts when its GPUs are predicted free, as sure as the least sure running job's end.
+        sure = min((self.confidence.get(s.job.job_id, 0.0) for s in self.states if not s.stopped), default=1.0)
+        return [
+            replace(w, fixed_start=head.start, fixed_confidence=sure) if w.job_id == head.job_id else w for w in queue
+        ]
+
+    def _stoppable_at(self, ranked: list[tuple[PendingJob, float]]) -> dict[int, float]:
+        """Running job id -> when a waiting job may stop it (preemption.py's rules for its own team: a higher
+        class, or a much shorter job of its class), no earlier than its minimum run time allows."""
+        config = self.config
+        top_class: dict[str, int] = {}
+        best_score: dict[tuple[str, int], float] = {}
+        for job, remaining in ranked:
+            top_class[job.team] = max(top_class.get(job.team, -1), int(job.priority))
+            key = (job.team, int(job.priority))
+            best_score[key] = min(best_score.get(key, float("inf")), self._score(job, remaining))
+        stoppable: dict[int, float] = {}
+        for state in self.states:
+            running = state.job
+            if state.stopped or not running.preemptible:
+                continue
+            if running.preemption_count >= config.max_preemptions_per_job:
+                continue
+            outranked = config.priority_preemption and top_class.get(running.team, -1) > int(running.priority)
+            shorter = best_score.get((running.team, int(running.priority)))
+            if config.srpt_preemption and shorter is not None and state.score > config.srpt_preempt_ratio * shorter:
+                outranked = True
+            if outranked:
+                stoppable[running.job_id] = max(self.now, running.started_at + config.min_run_before_preempt_s)
+        return stoppable
+
+    def _ends(self, ranked: list[tuple[PendingJob, float]]) -> list[EndsAt]:
+        """When running jobs (and those placed in this pass) give their GPUs and quota back: at their predicted
+        end, or when they may be stopped (then they wait again for the rest). A GPU shared by fractions comes
+        back when the last of them ends."""
+        stoppable = self._stoppable_at(ranked)
+        ends: list[EndsAt] = []
+        shared_end: dict[int, tuple[float, float]] = {}
+        holders: list[tuple[PendingJob | RunningJob, float, int, tuple[int, ...]]] = [
+            (s.job, s.remaining_s, s.units if is_fractional(s.job) else FULL, s.job.gpu_ids)
+            for s in self.states
+            if not s.stopped
+        ]
+        placed = {p.job_id: p.gpu_ids for p in self.placements}
+        holders += [(job, remaining, units, placed[job.job_id]) for job, remaining, units in self.placed_jobs]
+        for job, remaining, units, gpu_ids in holders:
+            remaining = min(remaining, self.expected.get(job.job_id, remaining))
+            confidence = self.confidence.get(job.job_id, 0.0)
+            end = self.now + remaining
+            requeue = None
+            stop_at = stoppable.get(job.job_id)
+            if stop_at is not None and stop_at < end:
+                left = remaining - (stop_at - self.now)
+                order = (-int(job.priority), self._score(job, left), job.submitted_at, job.job_id)
+                requeue = self._waiting_entry(job, left, order)
+                end, confidence = stop_at, 1.0
+            fractional = units < FULL
+            team_units = units * len(gpu_ids)
+            if fractional or (gpu_ids and gpu_ids[0] in self.free.used):
+                # quota back at its own end; the GPU when the last fraction on it ends
+                ends.append(EndsAt(end, None, 0, job.team, job.user, team_units, confidence, requeue))
                 for gpu_id in gpu_ids:
-                    shared_end[gpu_id] = max(end, shared_end.get(gpu_id, end))
+                    last, sure = shared_end.get(gpu_id, (end, confidence))
+                    shared_end[gpu_id] = (max(end, last), min(sure, confidence))
                 continue
             counts: dict[str, int] = defaultdict(int)
             for gpu_id in gpu_ids:
                 where = self.free.location.get(gpu_id)
                 if where is not None:
                     counts[where[1]] += 1
-            releases.extend((end, gpu_type, n) for gpu_type, n in counts.items())
-        for gpu_id, end in shared_end.items():
+            if not counts:  # on GPUs that take no new jobs: only the quota comes back
+                ends.append(EndsAt(end, None, 0, job.team, job.user, team_units, confidence, requeue))
+                continue
+            first = True
+            for gpu_type, n in counts.items():
+                ends.append(EndsAt(end, gpu_type, n, job.team, job.user, team_units if first else 0, confidence,
+                                   requeue if first else None))
+                first = False
+        for gpu_id, (end, confidence) in shared_end.items():
             where = self.free.location.get(gpu_id)
             if where is not None:
-                releases.append((end, where[1], 1))
-        head_id = self.reservation.job_id if self.reservation is not None else None
-        head_start = self.reservation.start if self.reservation is not None else None
-        queue = [
-            (job.job_id, job.gpus, job.gpu_type, remaining, head_start if job.job_id == head_id else None)
-            for job, remaining, code, _ in waiting
-            if code not in NO_ESTIMATE
-        ]
-        starts = estimate_starts(self.now, free_by_type, capacity, releases, queue)
-        for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
-            self.pending[job.job_id] = PendingInfo(
-                reason, position, starts.get(job.job_id), code, predicted_runtime_s=remaining
-            )
+                ends.append(EndsAt(end, where[1], 1, "", "", 0, confidence))
+        return ends
 
     def _wake_at(self) -> float | None:
         if not self.pending:

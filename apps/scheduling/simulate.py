@@ -21,7 +21,7 @@ from dataclasses import replace
 from apps.scheduling.baselines import OracleShortest, OracleShortestJobFirst, Tiresias2DLAS
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.interference import Profile, profile
-from apps.scheduling.metrics import Summary, summarize
+from apps.scheduling.metrics import EstimateFigures, Summary, summarize
 from apps.scheduling.pairing import pair_complementary
 from apps.scheduling.policy import schedule
 from apps.scheduling.simulation import Simulator
@@ -114,7 +114,14 @@ def simulate(
     quotas = team_quotas(jobs, num_hosts * per_host)
     # Only the console-side policies see declared steps and step times; oracles read true durations instead.
     sim = Simulator(
-        jobs, hosts, schedule, quotas, preempt_cost_s, config, console_view=True, switch_overhead=switch_overhead
+        jobs,
+        hosts,
+        schedule,
+        quotas,
+        preempt_cost_s,
+        config,
+        console_view=True,
+        switch_overhead=switch_overhead,
     )
     sim.decide = make_decider(policy, sim, config)
     return summarize(sim.run(policy))
@@ -126,6 +133,15 @@ def parse_policies(text: str) -> list[str]:
     if unknown:
         raise SystemExit(f"unknown policy {', '.join(unknown)}; expected {', '.join(POLICY_NAMES)} or all")
     return names
+
+
+def format_estimates(e: EstimateFigures) -> str:
+    return (
+        f"start estimates at submission ({e.waited} jobs waited, {100 * e.coverage:.0f}% estimated): "
+        f"|error| median {e.median_abs_error_h:.2f} h, p90 {e.p90_abs_error_h:.2f} h (median wait "
+        f"{e.median_wait_h:.2f} h); median error/wait {e.median_relative_error:.2f}; "
+        f"{100 * e.within_25pct:.0f}% within +-25% of their wait"
+    )
 
 
 def format_table(summaries: Sequence[Summary]) -> str:
@@ -146,6 +162,8 @@ def format_table(summaries: Sequence[Summary]) -> str:
             )
         if s.worst_finish_time_fairness is not None:
             lines.append(f"    worst finish-time fairness {s.worst_finish_time_fairness:.2f}")
+        if s.estimates is not None:
+            lines.append(f"    {format_estimates(s.estimates)}")
     return "\n".join(lines)
 
 

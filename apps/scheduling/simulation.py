@@ -47,6 +47,10 @@ class JobState:
     preemptions: int = 0
     first_start: float | None = None
     finish: float | None = None
+    # The policy's estimated start for the job when it was submitted (the last pass at that instant), and
+    # whether it was still waiting after that pass (a job placed at once has no wait to estimate).
+    estimate_at_submit: float | None = None
+    waited_at_submit: bool = False
     run_start: float = 0.0
     # Time of the current run spent reloading before progress resumes.
     run_overhead_s: float = 0.0
@@ -202,8 +206,14 @@ class Simulator:
             if team is None:
                 continue
             state = self.jobs[job.job_id]
-            charged = decayed_gpu_seconds(job.gpus, state.share_units, max(state.run_start, self.usage_clock),
-                                          self.now, self.now, self.half_life_s)
+            charged = decayed_gpu_seconds(
+                job.gpus,
+                state.share_units,
+                max(state.run_start, self.usage_clock),
+                self.now,
+                self.now,
+                self.half_life_s,
+            )
             team.value += charged
             team.users[job.user] = team.users.get(job.user, 0.0) + charged
         self.usage_clock = self.now
@@ -238,7 +248,9 @@ class Simulator:
             self._leave_shared(job_id, running.gpu_ids)
         state.finish = self.now
         trace = state.trace
-        self.history.record(trace.user, self.keys[job_id], FinishedRun(trace.gpus, trace.duration_s, trace.step_s))
+        self.history.record(
+            trace.user, self.keys[job_id], FinishedRun(trace.gpus, trace.duration_s, trace.step_s)
+        )
 
     def _stop(self, job_id: int) -> None:
         state = self.jobs[job_id]
@@ -295,13 +307,17 @@ class Simulator:
             self.sharing.pop(gpu_id, None)
             return
         states = [self.jobs[j] for j in job_ids]
-        factors = slowdowns([profile(s.trace.step_s, s.trace.resource_s) for s in states], self.switch_overhead)
+        factors = slowdowns(
+            [profile(s.trace.step_s, s.trace.resource_s) for s in states], self.switch_overhead
+        )
         for state, factor in zip(states, factors, strict=True):
             self._settle(state)
             state.rate = 1.0 / factor
             state.end_token += 1
             begin = max(self.now, state.run_start + state.run_overhead_s)
-            heapq.heappush(self.ends, (begin + state.remaining_s * factor, state.trace.job_id, state.end_token))
+            heapq.heappush(
+                self.ends, (begin + state.remaining_s * factor, state.trace.job_id, state.end_token)
+            )
             view = self.running[state.trace.job_id]
             self.running[state.trace.job_id] = self._running_view(state, view.gpu_ids, view.borrowing)
 
@@ -320,7 +336,8 @@ class Simulator:
             job = self.pending[placement.job_id]
             offered = candidates(placement.gpu_ids, self.gpu_index, used)
             refusal = (
-                "an unknown GPU" if offered is None
+                "an unknown GPU"
+                if offered is None
                 else placement_refusal(replace(job, gpu_share=share), offered, units)
             )
             if refusal is not None:
@@ -332,6 +349,13 @@ class Simulator:
                 self.preemption_count -= 1
             self._start(placement.job_id, placement.gpu_ids, placement.borrowing, share)
         self.preemption_count += len(stopped)
+
+    def _record_estimates(self, arrived: list[JobState], decisions: Decisions) -> None:
+        """What a user submitting now would be told: each new job's estimated start after the pass."""
+        for state in arrived:
+            info = decisions.pending.get(state.trace.job_id)
+            state.waited_at_submit = info is not None
+            state.estimate_at_submit = info.estimated_start if info is not None else None
 
     def run(self, name: str) -> SimResult:
         self.now = 0.0
@@ -355,9 +379,11 @@ class Simulator:
                 _, job_id, token = heapq.heappop(self.ends)
                 if token == self.jobs[job_id].end_token and job_id in self.running:
                     self._finish(job_id)
+            arrived: list[JobState] = []
             while next_arrival < len(self.arrivals) and self.arrivals[next_arrival].submit_s <= self.now:
                 state = self.jobs[self.arrivals[next_arrival].job_id]
                 self.pending[state.trace.job_id] = self._pending_view(state)
+                arrived.append(state)
                 next_arrival += 1
             wake_at = None
             for _ in range(PASSES_PER_INSTANT):
@@ -371,6 +397,7 @@ class Simulator:
                 )
                 decisions = self.decide(snapshot)
                 self.passes += 1
+                self._record_estimates(arrived, decisions)
                 self._apply(decisions)
                 wake_at = decisions.wake_at
                 if wake_at is None or wake_at > self.now + EPSILON_S or not self.pending:

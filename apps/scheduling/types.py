@@ -65,6 +65,9 @@ class PendingJob:
     preemption_count: int = 0
     # Groups "similar" jobs of a user for runtime prediction (e.g. image + entry point, or model name).
     similarity_key: str | None = None
+    # The amount of work the job asks for, where its workload says (a built-in's epochs: similarity.work_size);
+    # run times of similar jobs are scaled by it.
+    work_size: float | None = None
     # Non-preemptible jobs are never stopped for priority or shortest-first, and never borrow.
     preemptible: bool = True
     # A fraction of ONE GPU (only with gpus == 1; 0 < share < 1, kept to 1/100): see sharing.py.
@@ -100,6 +103,7 @@ class RunningJob:
     # True when the job runs on GPUs borrowed beyond its team's quota (it may be reclaimed).
     borrowing: bool = False
     similarity_key: str | None = None
+    work_size: float | None = None
     preemptible: bool = True
     steps_reported_at: float | None = None
     # The share it was placed with (Placement.gpu_share) and the memory it asked for.
@@ -170,6 +174,8 @@ class PendingInfo:
     # waiting (for GPUs behind jobs ahead), reserved (head of the queue, GPUs reserved for it).
     code: str = ""
     predicted_runtime_s: float | None = None
+    # How far to trust estimated_start, in [0, 1]: how good past predictions of the jobs it waits on were.
+    confidence: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,12 +116,12 @@ def test_job_list_filters_and_pagination(world, web):
 
 def test_job_page_shows_state_events_log_gpus_and_pending_info(world, web):
     job = make_job(world.vision, world.member, pending_reason="team vision holds 8 of 8 GPUs", queue_position=3,
-                   estimated_start=timezone.now() + timedelta(minutes=30))
+                   estimated_start=timezone.now() + timedelta(minutes=30), estimate_confidence=0.8)
     JobLogChunk.objects.create(job=job, offset=0, data="epoch 1 loss 0.5\n")
     Job.objects.filter(pk=job.pk).update(log_size=17)
     html = web(world.viewer).get(f"/jobs/{job.pk}/").content.decode()
     assert "team vision holds 8 of 8 GPUs" in html and "position <strong>3</strong>" in html
-    assert "estimated start" in html
+    assert "estimated start" in html and '(confidence <span id="job-estimate-confidence">0.80</span>)' in html
     assert "epoch 1 loss 0.5" in html and "submitted" in html
     assert 'id="cancel-button"' not in html  # viewers see no cancel control
     assert "Automatic mixed precision" not in html  # preset description is the job's (baseline-fp32)

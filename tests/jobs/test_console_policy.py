@@ -98,7 +98,10 @@ def test_pending_reason_position_and_estimate(world, settings):
     assert all(j.state == "queued" and j.pending_reason for j in infos)
     assert sorted(j.queue_position for j in infos) == [1, 2]
     assert all(j.estimated_start is not None for j in infos)
+    assert all(j.estimate_confidence is not None and 0 <= j.estimate_confidence <= 1 for j in infos)
     assert all("waiting for" in j.pending_reason for j in infos)
+    first = next(j for j in infos if j.queue_position == 1)
+    assert "jobs ahead" not in first.pending_reason
     assert fresh(running).preempt_requested_at is None  # it has not run its minimum time yet
 
 

@@ -90,7 +90,8 @@ def test_team_without_borrowing_waits_at_its_quota():
     snap = snapshot(hosts(1, 4), [pending(1, 2, team="a")], [running(10, (0, 1), team="a")], quotas)
     info = schedule(snap, NO_SRPT).pending[1]
     assert info.code == "quota" and "2 of its 2 GPUs" in info.reason
-    assert info.estimated_start is None
+    # Its own team's job ends first: 4 h predicted (the default), run 100,000 s, so a quarter of that more.
+    assert info.estimated_start == pytest.approx(100_000.0 + 25_000.0)
 
 
 def test_user_cap_inside_a_team():

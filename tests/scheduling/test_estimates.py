@@ -1,0 +1,138 @@
+"""Start estimates (estimate.py through the console pass): quota waits, minimum run time, no floor, declared steps
+and work size, confidence, and a reason that agrees with the position."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from apps.scheduling.config import PolicyConfig
+from apps.scheduling.estimate import Release, Waiting, estimate_starts
+from apps.scheduling.policy import schedule
+from apps.scheduling.prediction import FinishedRun, RuntimeHistory, predict_total_s
+from apps.scheduling.similarity import similarity_key, work_size
+from apps.scheduling.types import Priority, TeamQuotaView
+
+from .helpers import hosts, pending, running, snapshot
+from .test_properties import NOW, snapshots
+
+NO_SRPT = PolicyConfig(srpt_preemption=False)
+
+
+def steps_running(job_id, gpu_ids, now, seconds_left, **kw):
+    """A running job that reports 1 step a second with `seconds_left` steps to go."""
+    return running(
+        job_id,
+        gpu_ids,
+        declared_steps=1000,
+        steps_done=int(1000 - seconds_left),
+        observed_step_s=1.0,
+        steps_reported_at=now,
+        started_at=kw.pop("started_at", now - 1000 + seconds_left),
+        **kw,
+    )
+
+
+def test_a_quota_blocked_job_waits_for_its_own_teams_jobs_not_the_others():
+    now = 100_000.0
+    quotas = {"a": TeamQuotaView("a", 2), "b": TeamQuotaView("b", 4)}
+    own = steps_running(10, (0, 1), now, 500, team="a")
+    other = steps_running(11, (2, 3), now, 100, team="b")
+    snap = snapshot(hosts(1, 6), [pending(1, 2, team="a")], [own, other], quotas, now=now)
+    info = schedule(snap, NO_SRPT).pending[1]
+    assert info.code == "quota"
+    assert info.estimated_start == pytest.approx(now + 500)
+    assert info.confidence is not None and 0 < info.confidence <= 1
+
+
+def test_a_job_wider_than_its_quota_gets_no_estimate():
+    quotas = {"a": TeamQuotaView("a", 1)}
+    snap = snapshot(hosts(1, 4), [pending(1, 2, team="a")], [], quotas)
+    info = schedule(snap, NO_SRPT).pending[1]
+    assert info.estimated_start is None
+
+
+def test_an_urgent_job_is_estimated_when_its_victim_has_run_its_minimum_time():
+    now = 100_000.0
+    config = PolicyConfig(min_run_before_preempt_s=600)
+    young = steps_running(10, (0, 1), now, 10_000, priority=Priority.LOW, started_at=now - 60)
+    snap = snapshot(hosts(1, 2), [pending(1, 2, priority=Priority.URGENT)], [young], now=now)
+    decisions = schedule(snap, config)
+    assert not decisions.placements and not decisions.preemptions
+    assert decisions.pending[1].estimated_start == pytest.approx(now + 540)
+    # ... and a victim at its preemption cap is waited for to its end.
+    capped = steps_running(
+        10, (0, 1), now, 10_000, priority=Priority.LOW, started_at=now - 60, preemption_count=3
+    )
+    info = schedule(
+        snapshot(hosts(1, 2), [pending(1, 2, priority=Priority.URGENT)], [capped], now=now), config
+    )
+    assert info.pending[1].estimated_start == pytest.approx(now + 10_000)
+
+
+def test_no_floor_a_job_about_to_end_gives_an_estimate_seconds_away():
+    now = 100_000.0
+    snap = snapshot(hosts(1, 1), [pending(1)], [steps_running(10, (0,), now, 5)], now=now)
+    assert schedule(snap, NO_SRPT).pending[1].estimated_start == pytest.approx(now + 5)
+
+
+def test_declared_steps_of_the_jobs_ahead_set_the_estimate_behind_them():
+    now = 100_000.0
+    history = RuntimeHistory()
+    history.record("u", "train", FinishedRun(gpus=1, runtime_s=9999.0, step_s=0.5))
+    ahead = pending(1, declared_steps=200, similarity_key="train", submitted_at=1.0)  # 100 s
+    behind = pending(2, declared_steps=4000, similarity_key="train", submitted_at=2.0)
+    snap = snapshot(hosts(1, 1), [ahead, behind], [steps_running(10, (0,), now, 100)], now=now)
+    snap = type(snap)(snap.now, snap.hosts, snap.pending, snap.running, snap.quotas, history)
+    decisions = schedule(snap, PolicyConfig(ordering="fifo", srpt_preemption=False))
+    assert decisions.pending[1].estimated_start == pytest.approx(now + 100)
+    assert decisions.pending[2].estimated_start == pytest.approx(now + 200)
+
+
+def test_work_size_scales_similar_runs():
+    short = {"builtin": "mlp-digits", "params": {"epochs": 2, "hidden": 64}}
+    long = {"builtin": "mlp-digits", "params": {"epochs": 1000, "hidden": 64, "seed": 3}}
+    assert similarity_key(short) == similarity_key(long) == "builtin:mlp-digits hidden=64"
+    assert work_size(long) == 1000.0 and work_size({"command": ["python", "x.py"]}) is None
+    history = RuntimeHistory()
+    for _ in range(3):
+        history.record("u", similarity_key(short), FinishedRun(1, 120.0, work=work_size(short)))
+    job = pending(1, similarity_key=similarity_key(long), work_size=work_size(long))
+    assert predict_total_s(job, history, 1.0) == pytest.approx(60_000.0)
+
+
+def test_confidence_follows_how_good_past_predictions_were():
+    steady, erratic = RuntimeHistory(), RuntimeHistory()
+    for i in range(6):
+        steady.record("u", "k", FinishedRun(1, 100.0 + i))
+        erratic.record("u", "k", FinishedRun(1, 10.0 if i % 2 else 1000.0))
+    assert steady.runtime_estimate("u", "k", 1)[1] == 1.0
+    assert erratic.runtime_estimate("u", "k", 1)[1] < 0.5
+
+
+def test_the_first_in_the_queue_is_not_told_of_jobs_ahead():
+    now = 100_000.0
+    snap = snapshot(hosts(1, 1), [pending(1)], [steps_running(10, (0,), now, 50)], now=now)
+    info = schedule(snap, NO_SRPT).pending[1]
+    assert info.position == 1 and "jobs ahead" not in info.reason and "first in the queue" in info.reason
+
+
+def test_replay_gives_each_team_its_own_room():
+    queue = [
+        Waiting(1, (0, 0.0, 0.0, 1), "a", "u", 1, "x", 100, 50.0, 1.0),
+        Waiting(2, (0, 0.0, 0.0, 2), "b", "u", 1, "x", 100, 50.0, 1.0),
+    ]
+    ends = [Release(10.0, "x", 1, "b", "u", 100, 0.5), Release(30.0, "x", 1, "a", "u", 100, 0.8)]
+    starts = estimate_starts(0.0, {"x": 0}, {"x": 2}, {"a": 0, "b": 0}, {}, ends, queue)
+    assert starts[2] is not None and starts[2].start == 10.0 and starts[2].confidence == 0.5
+    assert starts[1] is not None and starts[1].start == 30.0 and starts[1].confidence == 0.8
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_estimates_are_never_in_the_past_and_confidence_is_a_share(snap):
+    decisions = schedule(snap)
+    for info in decisions.pending.values():
+        if info.estimated_start is not None:
+            assert info.estimated_start >= NOW - 1e-6
+            assert info.confidence is not None and 0.0 <= info.confidence <= 1.0
