@@ -63,8 +63,9 @@ def parse_window(params: Mapping[str, str], now: datetime | None = None) -> Wind
         if params.get("range"):
             raise InvalidInput({"range": ["Give either range or from/to, not both."]})
         start = _instant("from", params["from"])
-        end = _instant("to", params["to"]) if params.get("to") else now
-        if end <= start:
+        # Without `to`, a `from` at or after now is an empty window (a page asking what came since its last point).
+        end = _instant("to", params["to"]) if params.get("to") else max(now, start)
+        if params.get("to") and end <= start:
             raise InvalidInput({"to": ["to must be later than from."]})
     else:
         name = params.get("range") or "1h"
@@ -74,7 +75,7 @@ def parse_window(params: Mapping[str, str], now: datetime | None = None) -> Wind
     if start < keep_coarse - timedelta(minutes=1):
         raise InvalidInput({"from": [f"History is kept {settings.TELEMETRY_KEEP_1M_DAYS} days: from must be later "
                                      f"than {keep_coarse.isoformat(timespec='seconds')}."]})
-    end = min(end, now)
+    end = max(min(end, now), start)
     resolution = 10 if start >= keep_fine else 60
     if params.get("resolution"):
         try:
