@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -55,7 +55,7 @@ def roll_up_cluster_minutes(now=None) -> int:
     start = last + timedelta(minutes=1) if last else end - timedelta(days=1)
     if start >= end:
         return 0
-    minutes: dict[object, list[ClusterSample]] = {}
+    minutes: dict[datetime, list[ClusterSample]] = {}
     for row in ClusterSample.objects.filter(resolution_s=10, bucket_start__gte=start, bucket_start__lt=end).order_by(
             "bucket_start"):
         minutes.setdefault(row.bucket_start.replace(second=0, microsecond=0), []).append(row)

@@ -4,6 +4,7 @@
   "use strict";
   var GC = window.GC;
   var RANGES = { "1h": 3600, "24h": 86400, "7d": 7 * 86400 };
+  var OVERLAP = 6; /* buckets read again on each live tick */
   var COLORS = ["#0b5cad", "#b35900", "#2b7a0b", "#8a3ffc", "#b42318"];
 
   function ring(t, values, scale) {
@@ -27,7 +28,7 @@
     fit(canvas);
     var t = data.t || [];
     GC.drawLines(canvas, specs.map(function (s) { return ring(t, data[s[0]], s[2]); }),
-      { min: opts.min, max: opts.max, axis: true, colors: COLORS });
+      { min: opts.min, max: opts.max, axis: true, colors: COLORS, windowS: data.to - data.from });
     var legend = canvas.parentNode.querySelector(".chart-legend");
     if (!legend) { return; }
     legend.textContent = "";
@@ -54,12 +55,15 @@
     team: function (c, d) { lines(c, d, [["allocated", "held"], ["guaranteed", "within quota"], ["borrowed", "borrowed"], ["quota", "quota"]], { min: 0 }); }
   };
 
-  function append(into, more, keepFrom) {
-    /* Append the new buckets (later than the last one drawn) and drop those before the range's start. */
-    var last = into.t.length ? into.t[into.t.length - 1] : -Infinity;
+  function merge(into, more, since, keepFrom) {
+    /* Replace what was drawn from `since` on with the fresh buckets (GPU buckets close a little after the
+       cluster's snapshot of the same time, so the last minute is read again), then drop those before the
+       range's start. */
     var names = Object.keys(into).filter(function (k) { return Array.isArray(into[k]); });
+    var cut = 0;
+    while (cut < into.t.length && into.t[cut] < since) { cut++; }
+    names.forEach(function (k) { into[k].splice(cut); });
     (more.t || []).forEach(function (t, i) {
-      if (t <= last) { return; }
       names.forEach(function (k) { into[k].push(k === "t" ? t : (more[k] ? more[k][i] : null)); });
     });
     var drop = 0;
@@ -134,15 +138,15 @@
   };
 
   History.prototype.live = function () {
-    /* Append what was recorded since the last bucket drawn, at the same resolution. */
+    /* Append what was recorded since the last buckets drawn, at the same resolution. */
     var self = this, range = this.range;
     if (!(range in RANGES)) { return; }
     var now = Date.now() / 1000;
     Promise.all(this.sources().map(function (src) {
       var have = self.data[src], res = have.resolution_s;
-      var from = have.t.length ? have.t[have.t.length - 1] + res : now - RANGES[range];
+      var from = have.t.length ? have.t[have.t.length - 1] - OVERLAP * res : now - RANGES[range];
       return self.fetch(src, "from=" + from + "&resolution=" + res).then(function (more) {
-        append(have, more, now - RANGES[range]);
+        merge(have, more, from, now - RANGES[range]);
       });
     })).then(function () { self.drawAll(); }, function () { /* the next tick retries */ }).then(function () {
       if (self.range === range) { self.timer = setTimeout(function () { self.live(); }, Math.max(self.data[self.sources()[0]].resolution_s, 10) * 1000); }
