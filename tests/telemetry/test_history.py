@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from apps.cluster.models import Host
 from apps.jobs.models import Job
-from apps.telemetry import history, retention, services
+from apps.telemetry import history, retention, services, tasks
 from apps.telemetry.models import ClusterSample, GpuSampleBucket
 
 
@@ -148,3 +148,15 @@ def test_roll_up_and_retention_keep_10_s_a_day_and_1_min_a_month(world, settings
         kept = set(model.objects.values_list("resolution_s", "bucket_start"))
         assert (10, now - timedelta(hours=23)) in kept and (60, now - timedelta(days=30)) in kept
         assert (10, now - timedelta(hours=25)) not in kept and (60, now - timedelta(days=32)) not in kept
+
+
+def test_beat_writes_a_snapshot_every_interval_and_housekeeping_rolls_it_up(world, settings):
+    from console.celery import app
+
+    app.finalize()
+    entry = app.conf.beat_schedule["cluster snapshot"]
+    assert entry["task"] == "telemetry.cluster_snapshot"
+    assert entry["schedule"] == float(settings.TELEMETRY_SNAPSHOT_S)
+    assert tasks.cluster_snapshot() == {"written": 1}
+    assert ClusterSample.objects.filter(resolution_s=10).count() == 1
+    assert "cluster_rolled_up" in tasks.housekeeping()
