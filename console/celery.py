@@ -22,5 +22,7 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
     )
     sender.add_periodic_task(float(settings.REAPER_INTERVAL_S), sender.signature("jobs.reap"), name="reaper")
     sender.add_periodic_task(60.0, sender.signature("telemetry.housekeeping"), name="telemetry housekeeping")
+    sender.add_periodic_task(float(settings.TELEMETRY_SNAPSHOT_S), sender.signature("telemetry.cluster_snapshot"),
+                             name="cluster snapshot")
     sender.add_periodic_task(float(settings.SERVING_RECONCILE_S), sender.signature("serving.reconcile"),
                              name="inference services")

@@ -211,6 +211,9 @@ JOBS_REDISPATCH_AFTER_S = env_int("CONSOLE_REDISPATCH_AFTER_S", 60, minimum=5)
 SERVING_RECONCILE_S = env_int("CONSOLE_SERVING_RECONCILE_S", 3, minimum=1)
 TELEMETRY_KEEP_10S_HOURS = env_int("CONSOLE_TELEMETRY_KEEP_10S_HOURS", 24, minimum=1)
 TELEMETRY_KEEP_1M_DAYS = env_int("CONSOLE_TELEMETRY_KEEP_1M_DAYS", 31, minimum=1)
+# How often the cluster's snapshot (GPU counts, team allocation, queue and waits) is written; 10 s matches the
+# finest history buckets.
+TELEMETRY_SNAPSHOT_S = env_int("CONSOLE_TELEMETRY_SNAPSHOT_S", 10, minimum=1)
 # Optional cost per GPU-hour by GPU type for the usage report, e.g. "H200=4.5,A100=2.1".
 CONSOLE_GPU_HOUR_COST = env_str("CONSOLE_GPU_HOUR_COST", "") or ""
 # A bare row-locked insert endpoint for benchmarks/submit_load.py (never in production).

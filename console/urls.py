@@ -21,6 +21,7 @@ from apps.quotas import api as quotas_api
 from apps.serving import api as serving_api
 from apps.serving import gateway as serving_gateway
 from apps.telemetry import api as telemetry_api
+from apps.telemetry import history_api
 from apps.telemetry import metrics as telemetry_metrics
 
 router = DefaultRouter()
@@ -46,6 +47,11 @@ api_v1 = [
     path("teams/<slug:slug>/secrets/", accounts_secrets_api.TeamSecretsView.as_view(), name="team-secrets"),
     path("teams/<slug:slug>/secrets/<str:name>/", accounts_secrets_api.TeamSecretView.as_view(),
          name="team-secret"),
+    # Issue 18: history (apps/telemetry/series.py).
+    path("metrics/cluster/", history_api.ClusterMetricsView.as_view(), name="metrics-cluster"),
+    path("hosts/<str:name>/metrics/", history_api.HostMetricsView.as_view(), name="host-metrics"),
+    path("gpus/<str:uuid>/metrics/", history_api.GpuMetricsView.as_view(), name="gpu-metrics"),
+    path("teams/<slug:slug>/allocation/", history_api.TeamAllocationView.as_view(), name="team-allocation"),
     path("presets/", jobs_api.PresetsView.as_view(), name="presets"),
     path("workloads/", jobs_api.WorkloadsView.as_view(), name="workloads"),
     path("agent/register/", cluster_agent_api.RegisterView.as_view(), name="agent-register"),

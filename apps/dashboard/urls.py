@@ -28,6 +28,7 @@ urlpatterns = [
     path("teams/<slug:slug>/secrets/<str:name>/rotate/", secrets_pages.team_secret_rotate, name="team-secret-rotate"),
     path("teams/<slug:slug>/secrets/<str:name>/delete/", secrets_pages.team_secret_delete, name="team-secret-delete"),
     path("hosts/<str:name>/", host_pages.host_detail, name="host-detail"),
+    path("hosts/<str:name>/gpus/<int:index>/", host_pages.gpu_detail, name="gpu-detail"),
     path("reports/usage/", views.usage_report, name="report-usage"),
     path("alerts/", views.alert_list, name="alerts"),
     path("alerts/<int:alert_id>/ack/", views.alert_ack, name="alert-ack"),

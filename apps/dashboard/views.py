@@ -55,6 +55,10 @@ from workers.runtime.catalog import PRESETS, WORKLOADS
 logger = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 64_000
 JOBS_PER_PAGE = 50
+CLUSTER_CHARTS = [("utilization", "Utilization (%)"), ("gpus", "GPUs allocated, idle, stale, down"),
+                  ("queue", "Queued jobs"), ("waits", "Queue wait (min)"), ("memory", "Memory (GiB)"),
+                  ("temperature", "Hottest GPU (°C)"), ("power", "Power (W)")]
+TEAM_CHARTS = 8  # allocation charts on the overview, one per team (the first ones by slug)
 
 
 def _teams(request: HttpRequest, action: Action = Action.VIEW) -> QuerySet[Team]:
@@ -84,6 +88,8 @@ def home(request: HttpRequest) -> HttpResponse:
         "gpu_total": overview.busy + overview.idle + overview.stale + overview.down,
         "host_total": len(overview.hosts),
         "no_team": not teams,
+        "history_api": reverse("metrics-cluster"), "charts": CLUSTER_CHARTS,
+        "team_charts": [(team.slug, reverse("team-allocation", args=[team.slug])) for team in teams[:TEAM_CHARTS]],
     })
 
 

@@ -128,3 +128,29 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"[{self.state}] {self.message}"
+
+
+class ClusterSample(models.Model):
+    """What the cluster looked like at one moment, written every 10 s by the beat task `telemetry.cluster_snapshot`
+    and rolled up into 1-minute rows like the GPU buckets (apps/telemetry/retention.py).
+
+    GPU counts are freshness.gpu_status's (busy, idle, stale, down). `teams` holds per team slug
+    {"allocated", "borrowed", "quota", "queued", "wait_max_s", "wait_sum_s"} (GPUs, fractions exact to 1/100):
+    readers filter it by what the viewer may see (access.Viewer.sees_team).
+    """
+
+    resolution_s = models.PositiveSmallIntegerField()
+    bucket_start = models.DateTimeField()
+    snapshots = models.PositiveIntegerField(default=1)
+    gpus_busy = models.FloatField(default=0.0)
+    gpus_idle = models.FloatField(default=0.0)
+    gpus_stale = models.FloatField(default=0.0)
+    gpus_down = models.FloatField(default=0.0)
+    teams = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resolution_s", "bucket_start"],
+                                               name="one_cluster_sample_per_bucket")]
+
+    def __str__(self) -> str:
+        return f"cluster @ {self.bucket_start:%H:%M:%S} /{self.resolution_s}s"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -10,7 +10,8 @@ from django.db.models import Avg, Count, Max, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from apps.telemetry.models import GpuSampleBucket
+from apps.telemetry.history import merge_samples
+from apps.telemetry.models import ClusterSample, GpuSampleBucket
 
 MINUTE = 60
 
@@ -45,10 +46,34 @@ def roll_up_minutes(now=None) -> int:
     return len(minutes)
 
 
-def prune(now=None) -> int:
+def roll_up_cluster_minutes(now=None) -> int:
+    """The same for the cluster's snapshots (history.py): each complete minute of 10-second rows becomes one row."""
     now = now or timezone.now()
-    deleted, _ = GpuSampleBucket.objects.filter(
-        resolution_s=10, bucket_start__lt=now - timedelta(hours=settings.TELEMETRY_KEEP_10S_HOURS)).delete()
-    old, _ = GpuSampleBucket.objects.filter(
-        resolution_s=MINUTE, bucket_start__lt=now - timedelta(days=settings.TELEMETRY_KEEP_1M_DAYS)).delete()
-    return deleted + old
+    last = (ClusterSample.objects.filter(resolution_s=MINUTE).order_by("-bucket_start")
+            .values_list("bucket_start", flat=True).first())
+    end = now.replace(second=0, microsecond=0) - timedelta(minutes=1)
+    start = last + timedelta(minutes=1) if last else end - timedelta(days=1)
+    if start >= end:
+        return 0
+    minutes: dict[datetime, list[ClusterSample]] = {}
+    for row in ClusterSample.objects.filter(resolution_s=10, bucket_start__gte=start, bucket_start__lt=end).order_by(
+            "bucket_start"):
+        minutes.setdefault(row.bucket_start.replace(second=0, microsecond=0), []).append(row)
+    with transaction.atomic():
+        ClusterSample.objects.bulk_create(
+            [ClusterSample(resolution_s=MINUTE, bucket_start=minute, **merge_samples(rows))
+             for minute, rows in minutes.items()], ignore_conflicts=True)
+    return len(minutes)
+
+
+def prune(now=None) -> int:
+    """Drop 10-second rows older than TELEMETRY_KEEP_10S_HOURS and 1-minute rows older than TELEMETRY_KEEP_1M_DAYS
+    (the GPU buckets and the cluster's snapshots alike)."""
+    now = now or timezone.now()
+    fine = now - timedelta(hours=settings.TELEMETRY_KEEP_10S_HOURS)
+    coarse = now - timedelta(days=settings.TELEMETRY_KEEP_1M_DAYS)
+    deleted = 0
+    for model in (GpuSampleBucket, ClusterSample):
+        deleted += model.objects.filter(resolution_s=10, bucket_start__lt=fine).delete()[0]
+        deleted += model.objects.filter(resolution_s=MINUTE, bucket_start__lt=coarse).delete()[0]
+    return deleted

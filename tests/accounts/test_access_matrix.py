@@ -220,6 +220,15 @@ MATRIX: dict[str, list[Row]] = {
             data={"max_gpus": 12}),
     ],
     "api/v1/teams/<slug:slug>/usage/": [Row("GET", lambda f: "/api/v1/teams/vision/usage/", VISION)],
+    # Issue 18: history series. Hosts and GPUs are cluster-wide; a queue and an allocation belong to their team.
+    "api/v1/metrics/cluster/": [Row("GET", lambda f: "/api/v1/metrics/cluster/?range=1h", same(200),
+                                    note="no team: empty series")],
+    "api/v1/hosts/<str:name>/metrics/": [Row("GET", lambda f: "/api/v1/hosts/node-a/metrics/",
+                                             statuses(200, 200, 200, 200, 404, 401, 401))],
+    "api/v1/gpus/<str:uuid>/metrics/": [Row("GET", lambda f: "/api/v1/gpus/GPU-node-a-0/metrics/?range=24h",
+                                            statuses(200, 200, 200, 200, 404, 401, 401))],
+    "api/v1/teams/<slug:slug>/allocation/": [Row("GET", lambda f: "/api/v1/teams/vision/allocation/?range=7d",
+                                                 VISION)],
     # --- team secrets: names for the team, changes for its managers; others do not learn the team has any
     "api/v1/teams/<slug:slug>/secrets/": [
         Row("GET", lambda f: "/api/v1/teams/vision/secrets/", VISION),
@@ -411,6 +420,8 @@ MATRIX: dict[str, list[Row]] = {
     ],
     "hosts/<str:name>/": [Row("GET", lambda f: "/hosts/node-a/", statuses(200, 200, 200, 200, 404, LOGIN, LOGIN),
                               kind="page", note="hosts are cluster-wide: whoever holds a role somewhere")],
+    "hosts/<str:name>/gpus/<int:index>/": [Row("GET", lambda f: "/hosts/node-a/gpus/0/",
+                                               statuses(200, 200, 200, 200, 404, LOGIN, LOGIN), kind="page")],
     "reports/usage/": [Row("GET", lambda f: "/reports/usage/", statuses(200, 200, 404, 404, 404, LOGIN, LOGIN),
                            kind="page")],
     "alerts/": [Row("GET", lambda f: "/alerts/", same(200, anonymous=LOGIN), kind="page")],
