@@ -63,7 +63,8 @@ def test_overview_applies_samples_queue_and_alerts(world, page_for):
     assert "no data" in page.get_by_label("node-a GPU 2").inner_text()  # null is never 0 %
     foreign = page.get_by_label("node-b GPU 0")
     assert "another team's job" in foreign.inner_text() and "nlp" not in foreign.inner_text()
-    assert foreign.get_by_role("link").count() == 0
+    # Its own GPU page is linked (history, health); another team's job is not.
+    assert ["/jobs/" in (link.get_attribute("href") or "") for link in foreign.get_by_role("link").all()] == [False]
     assert "hot" in foreign.inner_text()
     assert "status-down" in page.get_by_label("node-b GPU 1").get_attribute("class")
     assert [page.locator(f"#t-{k}").inner_text() for k in ("busy", "idle", "down")] == ["2", "13", "1"]

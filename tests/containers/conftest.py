@@ -138,7 +138,9 @@ def _handler(console: Console) -> type[BaseHTTPRequestHandler]:
                     elif kind == "logs":
                         console.logs.setdefault(job_id, []).append(body["data"])
                     elif kind == "progress":
-                        console.progress.setdefault(job_id, []).append(body["progress"])
+                        # One record ("progress"), or the training records in the order the job wrote them.
+                        received = ([body["progress"]] if "progress" in body else []) + body.get("records", [])
+                        console.progress.setdefault(job_id, []).extend(received)
                 console.changed.notify_all()
             self._answer(200, json.dumps({"accepted": True, "queue": "q"}).encode())
 

@@ -201,8 +201,12 @@ def test_kill_9_and_restart_of_an_agent_shows_down_then_up_and_resolves_its_aler
             "gpus": 3,
         }
         # The socket told the page both: the alert firing, then resolved.
-        states = [a["state"] for a in stream.alerts if a["id"] == firing["id"]]
-        assert states[0] == "firing" and states[-1] == "resolved", states
+        def states() -> list[str]:
+            return [a["state"] for a in stream.alerts if a["id"] == firing["id"]]
+
+        cluster.wait_for(lambda: states() and states()[-1] == "resolved", timeout=60,
+                         what=f"the socket to say the alert resolved (it said {states()})")
+        assert states()[0] == "firing", states()
     finally:
         stream.stop()
 

@@ -727,11 +727,13 @@ class JobRunner:
                            "dropped", job.dispatch.job_id, dropped)
         results = [record for record in records if isinstance(record, ResultRecord)]
         try:
-            for newest in ([serving] if serving is not None else []) + results[-1:]:
-                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, newest.to_message())
+            if serving is not None:
+                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, serving.to_message())
             if training:
                 self.client.progress_records(job.dispatch.job_id, job.dispatch.attempt,
                                              [record.to_message() for record in training])
+            for result in results[-1:]:  # written after the job's last training record: sent after it too
+                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, result.to_message())
         except Exception as exc:  # noqa: BLE001 - progress is advisory
             logger.debug("progress of job %s not sent: %s", job.dispatch.job_id, exc)
         return offset + len(complete)
