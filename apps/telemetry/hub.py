@@ -18,6 +18,7 @@ import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
@@ -45,12 +46,16 @@ class Subscriber(Protocol):
     async def recheck_access(self) -> bool: ...
 
 
+ALERT_LOOKBACK = timedelta(seconds=30)
+
 @dataclass
 class Outbox:
     last_event: int = 0
     last_log: int = 0
     last_alert: int = 0
     alerts_checked_at: Any = None
+    # (alert id, state) already sent: the lookback below sees a change more than once.
+    alert_states_sent: set[tuple[int, str]] = field(default_factory=set)
 
 
 @dataclass
@@ -174,13 +179,20 @@ class Hub:
                 progress[job_id] = {"type": "job.progress", "step": steps, "loss": loss, "steps_per_s": sps,
                                     "samples_per_s": samples, "last_steps_per_s": last_sps, "ts": at.timestamp()}
         alerts = []
-        since = box.alerts_checked_at
+        # A change's time is taken before its transaction commits (in another process): looking back
+        # ALERT_LOOKBACK catches one that committed after an earlier check had passed its time.
+        since = (box.alerts_checked_at or timezone.now()) - ALERT_LOOKBACK
         box.alerts_checked_at = timezone.now()
         new_or_changed = Alert.objects.select_related("rule", "host", "gpu", "team", "acknowledged_by").filter(
             Q(id__gt=box.last_alert) | Q(resolved_at__gte=since) | Q(acknowledged_at__gte=since))
         for alert in new_or_changed.order_by("id")[:200]:
             box.last_alert = max(box.last_alert, alert.pk)
+            if (alert.pk, alert.state) in box.alert_states_sent:
+                continue
+            box.alert_states_sent.add((alert.pk, alert.state))
             alerts.append((alert.team.slug if alert.team else None, AlertSerializer(alert).data))
+        if len(box.alert_states_sent) > 10_000:  # only the lookback's changes need remembering
+            box.alert_states_sent.clear()
         queue = {}
         if cluster_listening and (events or self.ticks % 5 == 0):
             queue = dict(Job.objects.filter(state=Job.State.QUEUED).values_list("team__slug")
