@@ -43,6 +43,10 @@ from workers.runtime.catalog import PRESETS, WORKLOADS
 
 logger = logging.getLogger(__name__)
 STATS_TTL_S = 30
+# A ready replica stays routed through this many seconds of failed /stats polls (Kubernetes' readiness
+# failureThreshold): one poll timing out on a busy host must not empty the gateway's list. A replica that really died
+# costs the gateway one retry on another replica meanwhile, and its job's end retires it at once.
+READY_GRACE_S = 10.0
 
 
 def replicas_key(service_id: int) -> str:
@@ -51,6 +55,10 @@ def replicas_key(service_id: int) -> str:
 
 def stats_key(service_id: int) -> str:
     return f"serving:stats:{service_id}"
+
+
+def answered_key(job_id: int, attempt: int) -> str:
+    return f"serving:answered:{job_id}:{attempt}"
 
 
 @dataclass(frozen=True)
@@ -277,10 +285,15 @@ def reconcile(service: InferenceService, now: float | None = None, *, observe: O
     ready, stats = [], []
     for replica in live:
         target = replica_target(replica.job)
-        polled = _poll(target) if target is not None else None
+        if target is None:
+            continue
+        polled = _poll(target)
         if polled is not None:
+            cache.set(answered_key(target["job"], target["attempt"]), now, timeout=STATS_TTL_S)
             ready.append(target)
             stats.append(polled)
+        elif now - (cache.get(answered_key(target["job"], target["attempt"])) or float("-inf")) <= READY_GRACE_S:
+            ready.append(target)
     summary = _summarize(stats, len(live), len(ready))
     if observe is not None:
         observe(service, summary, now)

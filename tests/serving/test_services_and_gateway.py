@@ -178,6 +178,21 @@ def test_a_failing_replica_is_retried_on_another(world, client_for, replica_serv
         assert response.status_code == 200 and response["X-Replica-Job"] == str(healthy.pk)
 
 
+def test_a_ready_replica_that_misses_a_poll_stays_routed_through_the_grace_only(world, client_for, replica_server):
+    create(client_for(world.member))
+    job = Job.objects.get()
+    server = replica_server()
+    run_replica(job, server)
+    service = InferenceService.objects.get()
+    assert services.reconcile(service, now=1000.0)["ready"] == 1
+    server.shutdown()  # polls fail from now on (a busy or dead server)
+    server.server_close()
+    assert services.reconcile(service, now=1000.0 + services.READY_GRACE_S)["ready"] == 1
+    assert services.ready_replicas(service.pk)[0]["job"] == job.pk
+    assert services.reconcile(service, now=1001.0 + services.READY_GRACE_S)["ready"] == 0
+    assert services.ready_replicas(service.pk) == []
+
+
 def test_replicas_that_end_are_replaced_and_delete_releases_everything(world, client_for, replica_server):
     body = create(client_for(world.member)).json()
     first = Job.objects.get()
