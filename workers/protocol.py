@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 1
+# 2: a dispatch names the job's secrets only; the agent fetches their values (GET /api/v1/agent/jobs/<id>/secrets/).
+PROTOCOL_VERSION = 2
 HOST_QUEUE_PREFIX = "host."
 RUN_JOB_TASK = "agent.run_job"
 STOP_JOB_TASK = "agent.stop_job"
