@@ -21,6 +21,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from apps.jobs.models import Job
@@ -77,8 +78,8 @@ def order_jobs(jobs: QuerySet[Job], ordering: str = DEFAULT_ORDERING, now: datet
     elif key == "gpus":
         # A fraction of one GPU sorts below a whole one: gpus x share (in 1/100s).
         jobs, field = jobs.annotate(gpu_units=F("gpus") * F("gpu_share_units")), "gpu_units"
-    else:
-        field = key
+    else:  # name, in any case
+        jobs, field = jobs.annotate(name_key=Lower("name")), "name_key"
     return jobs.order_by(f"-{field}" if descending else field, "-id")
 
 
