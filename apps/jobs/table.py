@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from django.db.models import (
     Case,
@@ -31,7 +32,7 @@ from apps.quotas.models import PRIORITY_RANK
 ORDERINGS = ("submitted", "name", "state", "priority", "duration", "gpus")
 DEFAULT_ORDERING = "-submitted"
 # States in the order a job lives them: running first, then those about to run, waiting, then the ended ones.
-STATE_RANK = {Job.State.RUNNING: 0, Job.State.PLACED: 1, Job.State.QUEUED: 2, Job.State.PREEMPTED: 3,
+STATE_RANK: dict[str, int] = {Job.State.RUNNING: 0, Job.State.PLACED: 1, Job.State.QUEUED: 2, Job.State.PREEMPTED: 3,
               Job.State.SUCCEEDED: 4, Job.State.FAILED: 5, Job.State.CANCELLED: 6}
 
 
@@ -74,7 +75,7 @@ def order_jobs(jobs: QuerySet[Job], ordering: str = DEFAULT_ORDERING, now: datet
     if key == "state":
         jobs, field = jobs.annotate(state_rank=_rank("state", STATE_RANK)), "state_rank"
     elif key == "priority":
-        jobs, field = jobs.annotate(priority_rank=_rank("priority", dict(PRIORITY_RANK))), "priority_rank"
+        jobs, field = jobs.annotate(priority_rank=_rank("priority", {str(p): rank for p, rank in PRIORITY_RANK.items()})), "priority_rank"
     elif key == "gpus":
         # A fraction of one GPU sorts below a whole one: gpus x share (in 1/100s).
         jobs, field = jobs.annotate(gpu_units=F("gpus") * F("gpu_share_units")), "gpu_units"
@@ -84,7 +85,7 @@ def order_jobs(jobs: QuerySet[Job], ordering: str = DEFAULT_ORDERING, now: datet
 
 
 def filter_jobs(jobs: QuerySet[Job], *, name: str = "", states: Iterable[str] = (), team: str = "", user: str = "",
-                kind: str = "", mine: object = None) -> QuerySet[Job]:
+                kind: str = "", mine: Any = None) -> QuerySet[Job]:
     """The jobs whose name contains `name` (any case), in one of `states`, of `team` (a slug), of `user` (a
     username), of `kind`; `mine`: a user, whose own jobs only are kept. Empty arguments filter nothing."""
     if name:
@@ -99,7 +100,7 @@ def filter_jobs(jobs: QuerySet[Job], *, name: str = "", states: Iterable[str] = 
     if kind:
         jobs = jobs.filter(kind=kind)
     if mine is not None:
-        jobs = jobs.filter(user_id=getattr(mine, "pk", None))
+        jobs = jobs.filter(user_id=mine.pk)
     return jobs
 
 
@@ -111,5 +112,6 @@ def waiting_in_queue_order(jobs: QuerySet[Job]) -> QuerySet[Job]:
 
 def waiting_positions(excluding: Iterable[int]) -> list[int]:
     """The queue positions of the waiting jobs other than `excluding` (ids): numbers only, never which jobs."""
-    return list(Job.objects.filter(state=Job.State.QUEUED, queue_position__isnull=False)
-                .exclude(pk__in=list(excluding)).values_list("queue_position", flat=True))
+    positions = Job.objects.filter(state=Job.State.QUEUED, queue_position__isnull=False).exclude(
+        pk__in=list(excluding)).values_list("queue_position", flat=True)
+    return [position for position in positions if position is not None]
