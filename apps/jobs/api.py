@@ -146,7 +146,7 @@ class BulkCancelResultSerializer(serializers.Serializer):
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Jobs of the teams you belong to. Submit with POST; cancel with POST /{id}/cancel/."""
+    """Jobs of the teams you belong to. Submit with POST; cancel with POST /{id}/cancel/, several with POST /cancel/."""
 
     serializer_class = JobSerializer
     filterset_class = JobFilter
@@ -177,7 +177,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                             request=request._request)  # 403 unless it may, 409 when already finished
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
-    @extend_schema(request=BulkCancelSerializer, responses=BulkCancelResultSerializer,
+    @extend_schema(request=BulkCancelSerializer, responses=BulkCancelResultSerializer, operation_id="v1_jobs_bulk_cancel",
                    description="Cancel several jobs: one result per id, in order. A job you may not cancel, or one "
                                "already ended, is reported and the others are still cancelled.")
     @action(detail=False, methods=["post"], url_path="cancel", url_name="bulk-cancel")
