@@ -70,6 +70,7 @@
     if (summary && data.summary !== undefined && summary.textContent !== data.summary) { summary.textContent = data.summary; }
     if (pager && data.pager !== undefined) { pager.innerHTML = data.pager; }
     tickDurations();
+    applyUtil();
     updateSelection();
     table.dispatchEvent(new CustomEvent("jobs:rows", { bubbles: true }));
   }
@@ -106,11 +107,19 @@
   function refreshSoon() { clearTimeout(soon); soon = setTimeout(refresh, 300); }
 
   /* --- live utilization from the cluster stream: the mean of the job's GPUs' readings */
+  var lastUtil = null; /* the latest frame's readings by GPU: fetched rows get them again */
   function onSample(msg) {
     var util = {};
     (msg.gpus || []).forEach(function (g) {
       if (!g.stale && g.utilization_pct !== null && g.utilization_pct !== undefined) { util[g.uuid] = g.utilization_pct; }
     });
+    lastUtil = util;
+    applyUtil();
+  }
+
+  function applyUtil() {
+    if (!lastUtil || !live) { return; }
+    var util = lastUtil;
     tbody.querySelectorAll("tr[data-gpus]").forEach(function (tr) {
       var sum = 0, n = 0;
       tr.dataset.gpus.split(" ").forEach(function (uuid) { if (uuid in util) { sum += util[uuid]; n++; } });
