@@ -103,8 +103,12 @@
     }, live ? LIVE_POLL_MS : POLL_MS);
   }
 
+  /* at most one fetch a second however many state events arrive (a busy queue sends many) */
   var soon = null;
-  function refreshSoon() { clearTimeout(soon); soon = setTimeout(refresh, 300); }
+  function refreshSoon() {
+    if (soon) { return; }
+    soon = setTimeout(function () { soon = null; refresh(); }, 1000);
+  }
 
   /* --- live utilization from the cluster stream: the mean of the job's GPUs' readings */
   var lastUtil = null; /* the latest frame's readings by GPU: fetched rows get them again */
