@@ -24,8 +24,10 @@ def confirm_page(
     button: str,
     back: str,
     keep: dict[str, str] | None = None,
+    items: list[str] | None = None,
 ) -> HttpResponse:
-    """The page asking; `keep`: the fields of the first post the confirmed one carries again (a cancel's reason)."""
+    """The page asking; `keep`: the fields of the first post the confirmed one carries again (a cancel's reason);
+    `items`: what the action applies to, listed under the question (the jobs a bulk cancel stops)."""
     return render(
         request,
         "dashboard/confirm.html",
@@ -35,5 +37,6 @@ def confirm_page(
             "button": button,
             "back": back,
             "keep": keep or {},
+            "items": items or [],
         },
     )

@@ -1,12 +1,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
-from apps.dashboard import host_pages, job_metrics, secrets_pages, views
+from apps.dashboard import host_pages, job_metrics, jobs_table, secrets_pages, views
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
-    path("jobs/", views.job_list, name="jobs"),
+    path("jobs/", jobs_table.job_list, name="jobs"),
+    path("jobs/pending/", jobs_table.job_pending, name="jobs-pending"),
+    path("jobs/cancel/", jobs_table.job_bulk_cancel, name="jobs-cancel"),
     path("jobs/new/", views.job_new, name="job-new"),
     path("jobs/compare/", job_metrics.job_compare, name="job-compare"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),

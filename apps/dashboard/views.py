@@ -9,7 +9,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -28,7 +27,6 @@ from apps.dashboard.errors import forbidden, form_refusal
 from apps.dashboard.forms import (
     CancelForm,
     DecisionForm,
-    JobFilterForm,
     JobSubmitForm,
     MemberAddForm,
     PeriodForm,
@@ -54,7 +52,6 @@ from workers.runtime.catalog import PRESETS, WORKLOADS
 
 logger = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 64_000
-JOBS_PER_PAGE = 50
 CLUSTER_CHARTS = [("utilization", "Utilization (%)"), ("gpus", "GPUs allocated, idle, stale, down"),
                   ("queue", "Queued jobs"), ("waits", "Queue wait (min)"), ("memory", "Memory (GiB)"),
                   ("temperature", "Hottest GPU (°C)"), ("power", "Power (W)")]
@@ -96,28 +93,7 @@ def home(request: HttpRequest) -> HttpResponse:
 # --- jobs
 
 
-@login_required
-def job_list(request: HttpRequest) -> HttpResponse:
-    teams = list(_teams(request).values_list("slug", flat=True))
-    form = JobFilterForm(request.GET or None, teams=teams)
-    jobs = _jobs(request)
-    if form.is_valid():
-        data = form.cleaned_data
-        if data["state"]:
-            jobs = jobs.filter(state=data["state"])
-        if data["team"]:
-            jobs = jobs.filter(team__slug=data["team"])
-        if data["user"]:
-            jobs = jobs.filter(user__username=data["user"])
-        if data["kind"]:
-            jobs = jobs.filter(kind=data["kind"])
-    page = Paginator(jobs.order_by("-id"), JOBS_PER_PAGE).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
-    return render(request, "dashboard/job_list.html", {
-        "form": form, "page": page, "query": query.urlencode(),
-        "may_submit": _teams(request, Action.SUBMIT).exists(),
-    })
+# The jobs table, the queue and bulk cancel: apps/dashboard/jobs_table.py.
 
 
 @login_required

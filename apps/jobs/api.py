@@ -4,7 +4,7 @@ from urllib.parse import urlencode
 
 import django_filters
 from django.conf import settings
-from django.db.models import Prefetch
+from django.db.models import Prefetch, QuerySet
 from django.http import FileResponse, Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -15,7 +15,8 @@ from rest_framework.views import APIView
 
 from apps.accounts import access
 from apps.core.schema import ErrorSerializer
-from apps.jobs import selectors, services
+from apps.core.serializers import RejectUnknownFieldsMixin
+from apps.jobs import bulk, selectors, services, table
 from apps.jobs.metrics import job_metrics, job_progress
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.serializers import (
@@ -94,18 +95,58 @@ class JobMetricsSerializer(serializers.Serializer):
 
 
 class JobFilter(django_filters.FilterSet):
+    """The jobs table's filters and sorting (apps/jobs/table.py; the jobs page reads the same parameters). A value
+    that is not one of the choices is a 400 naming the parameter."""
+
     state = django_filters.MultipleChoiceFilter(choices=Job.State.choices)
     team = django_filters.CharFilter(field_name="team__slug")
     user = django_filters.CharFilter(field_name="user__username")
     kind = django_filters.ChoiceFilter(choices=Job.Kind.choices)
+    name = django_filters.CharFilter(method="filter_name", max_length=200,
+                                     help_text="jobs whose name contains this (any case)")
+    mine = django_filters.BooleanFilter(method="filter_mine", help_text="true: only your own jobs")
+    ordering = django_filters.ChoiceFilter(
+        method="filter_ordering", choices=table.ordering_choices(),
+        help_text=f"sort by {', '.join(table.ORDERINGS)} (a leading minus: descending); default "
+                  f"{table.DEFAULT_ORDERING}")
 
     class Meta:
         model = Job
-        fields = ["state", "team", "user", "kind"]
+        fields = ["state", "team", "user", "kind", "name", "mine", "ordering"]
+
+    def filter_name(self, jobs: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
+        return table.filter_jobs(jobs, name=value)
+
+    def filter_mine(self, jobs: QuerySet[Job], name: str, value: bool | None) -> QuerySet[Job]:
+        return table.filter_jobs(jobs, mine=self.request.user) if value else jobs
+
+    def filter_ordering(self, jobs: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
+        return table.order_jobs(jobs, value) if value else jobs
+
+
+class BulkCancelSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    ids = serializers.ListField(child=serializers.IntegerField(min_value=1), min_length=1,
+                                max_length=bulk.MAX_BULK_CANCEL, help_text="the jobs to cancel")
+    reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class CancelOutcomeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    cancelled = serializers.BooleanField()
+    status = serializers.IntegerField(help_text="200 cancelled; 404 no such job (or not yours to see); 403 you may "
+                                                "not cancel it; 409 it had already ended")
+    detail = serializers.CharField()
+    state = serializers.CharField(allow_null=True)
+
+
+class BulkCancelResultSerializer(serializers.Serializer):
+    cancelled = serializers.IntegerField()
+    refused = serializers.IntegerField()
+    results = CancelOutcomeSerializer(many=True)
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Jobs of the teams you belong to. Submit with POST; cancel with POST /{id}/cancel/."""
+    """Jobs of the teams you belong to. Submit with POST; cancel with POST /{id}/cancel/, several with POST /cancel/."""
 
     serializer_class = JobSerializer
     filterset_class = JobFilter
@@ -135,6 +176,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         services.job_cancel(job=job, actor=request.user, reason=form.validated_data["reason"],
                             request=request._request)  # 403 unless it may, 409 when already finished
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(request=BulkCancelSerializer, responses=BulkCancelResultSerializer, operation_id="v1_jobs_bulk_cancel",
+                   description="Cancel several jobs: one result per id, in order. A job you may not cancel, or one "
+                               "already ended, is reported and the others are still cancelled.")
+    @action(detail=False, methods=["post"], url_path="cancel", url_name="bulk-cancel")
+    def bulk_cancel(self, request: Request) -> Response:
+        form = BulkCancelSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        outcomes = bulk.jobs_cancel(ids=form.validated_data["ids"], actor=request.user,
+                                    reason=form.validated_data["reason"], request=request._request)
+        done = sum(o.cancelled for o in outcomes)
+        return Response({"cancelled": done, "refused": len(outcomes) - done,
+                         "results": [o.as_dict() for o in outcomes]})
 
     @extend_schema(responses=JobEventSerializer(many=True))
     @action(detail=True, methods=["get"])

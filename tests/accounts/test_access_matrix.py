@@ -292,6 +292,10 @@ MATRIX: dict[str, list[Row]] = {
             note="another team's name is a 400 on the team field: the slug relation only knows visible teams"),
     ],
     "api/v1/^jobs/(?P<pk>[^/.]+)/$": [Row("GET", lambda f: f"/api/v1/jobs/{f.vjob.pk}/", VISION)],
+    "api/v1/^jobs/cancel/$": [
+        Row("POST", lambda f: "/api/v1/jobs/cancel/", same(200), data=lambda f: {"ids": [f.vjob.pk, f.mine.pk]},
+            note="one result per id: who may cancel which is in tests/jobs/test_jobs_table_api.py"),
+    ],
     "api/v1/^jobs/(?P<pk>[^/.]+)/cancel/$": [
         Row("POST", lambda f: f"/api/v1/jobs/{f.vjob.pk}/cancel/", statuses(200, 200, 403, 404, 404, 401, 401),
             data={}, note="a member cancels only their own jobs"),
@@ -365,6 +369,13 @@ MATRIX: dict[str, list[Row]] = {
     "jobs/": [Row("GET", lambda f: "/jobs/", same(200, anonymous=LOGIN), kind="page")],
     "jobs/new/": [Row("GET", lambda f: "/jobs/new/", statuses(200, 200, 200, 200, 403, LOGIN, LOGIN), kind="page")],
     "jobs/<int:job_id>/": [Row("GET", lambda f: f"/jobs/{f.vjob.pk}/", VISION_PAGE, kind="page")],
+    "jobs/pending/": [Row("GET", lambda f: "/jobs/pending/", same(200, anonymous=LOGIN), kind="page",
+                          note="the waiting jobs each may see (tests/dashboard/test_jobs_table.py)")],
+    "jobs/cancel/": [
+        Row("POST", lambda f: "/jobs/cancel/", same(302, anonymous=LOGIN, host=LOGIN), kind="page",
+            data=lambda f: {"ids": [f.vjob.pk], "confirm": "yes"},
+            note="back to the list with what was cancelled and what refused (tests/dashboard/test_jobs_table.py)"),
+    ],
     "jobs/compare/": [Row("GET", lambda f: f"/jobs/compare/?ids={f.vjob.pk}", VISION_PAGE, kind="page",
                           note="every run compared must be visible, else 404 as on its own page")],
     "jobs/<int:job_id>/cancel/": [
