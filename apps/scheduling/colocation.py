@@ -70,6 +70,7 @@ class Resident:
     gpu_id: int
     gpu_memory_mb: int
     avoid: frozenset[int] = field(default_factory=frozenset)
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,8 @@ def choose_pairs(residents: Sequence[Resident], guests: Sequence[Guest], config:
         best: tuple[float, float, Resident] | None = None
         for resident in free:
             if guest.measured.job_id in resident.avoid or resident.measured.job_id in guest.avoid:
+                continue
+            if guest.gpu_type and guest.gpu_type != resident.gpu_type:
                 continue
             if not memory_fits(guest.measured, resident.gpu_memory_mb, config):
                 continue
