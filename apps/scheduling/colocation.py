@@ -100,14 +100,15 @@ def leaves_gpu_idle(measured: Measured, config: ColocationConfig) -> bool:
     return is_measured(measured, config) and (measured.utilization_pct or 0.0) < config.max_utilization_pct
 
 
-def profile(measured: Measured, config: ColocationConfig) -> Profile:
+def profile(measured: Measured, config: ColocationConfig, step_if_unknown: float = 1.0) -> Profile:
     """The job's per-step profile for the interference model: (step, (seconds of the step it keeps the GPU busy,)).
 
     Only the GPU is counted as shared: each job waits on its own data loader or its own peers. The busy part is
     the larger of the measured utilization and the part of the step not spent waiting (the runtime's
     wait_fraction), so a job whose runtime says it computes more than telemetry saw is taken at its word. An
-    unmeasured job counts as busy at the threshold (max_utilization_pct)."""
-    step = measured.step_s or 1.0
+    unmeasured job counts as busy at the threshold (max_utilization_pct); one whose step time is unknown (it never
+    reported progress alone) as stepping like its neighbour (`step_if_unknown`)."""
+    step = measured.step_s or step_if_unknown
     utilization = measured.utilization_pct if is_measured(measured, config) else config.max_utilization_pct
     busy = (utilization or 0.0) / 100.0
     if measured.wait_fraction is not None:
@@ -117,7 +118,8 @@ def profile(measured: Measured, config: ColocationConfig) -> Profile:
 
 def predicted_slowdown(a: Measured, b: Measured, config: ColocationConfig) -> float:
     """The larger of the two jobs' predicted slowdowns when they share one GPU."""
-    return max(slowdowns([profile(a, config), profile(b, config)], config.switch_overhead))
+    return max(slowdowns([profile(a, config, b.step_s or 1.0), profile(b, config, a.step_s or 1.0)],
+                         config.switch_overhead))
 
 
 def memory_fits(measured: Measured, gpu_memory_mb: int, config: ColocationConfig) -> bool:

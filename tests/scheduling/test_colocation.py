@@ -56,6 +56,13 @@ def test_an_unmeasured_guest_is_a_trial_at_the_threshold():
     assert "job 2 not measured yet (a trial)" in pair.reason
 
 
+def test_an_unknown_step_time_is_taken_as_the_neighbours():
+    # A guest that never reported its steps alone: neither faster nor slower than the resident.
+    [pair] = choose_pairs([resident(1, 10, 6.0, step=0.5, wait=0.78)], [guest(2, None, memory=None, step=None)],
+                          CONFIG)
+    assert pair.predicted_slowdown == pytest.approx(1.05)
+
+
 def test_the_runtime_wait_fraction_counts_when_it_says_more_compute_than_telemetry():
     low = measured(1, 20.0, wait=0.1)  # the runtime waits only 10 % of each step: 90 % busy
     assert predicted_slowdown(low, measured(2, 20.0), CONFIG) == pytest.approx(1.1 * 1.05 / 1.0, rel=0.01)
