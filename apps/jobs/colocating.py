@@ -58,11 +58,15 @@ def paired_reports(colocation: dict[str, Any]) -> int:
     return int(tally[0]) if isinstance(tally, list) and tally else 0
 
 
-def _overlaps(start: float, end: float, windows: Sequence[Sequence[float | None]]) -> bool:
+# A sharing window: [from, until] in epoch seconds, until None while the job shares.
+Window = Sequence[Any]
+
+
+def _overlaps(start: float, end: float, windows: Sequence[Window]) -> bool:
     return any(start < (until if until is not None else float("inf")) and end > since for since, until in windows)
 
 
-def _inside(start: float, end: float, windows: Sequence[Sequence[float | None]]) -> bool:
+def _inside(start: float, end: float, windows: Sequence[Window]) -> bool:
     return any(start >= since and (until is None or end <= until) for since, until in windows)
 
 
@@ -186,7 +190,7 @@ def unpair(job_id: int) -> bool:
         releases = JobAllocation.objects.filter(
             gpu__uuid=colocation.get("gpu"), job_id__in=[job.pk, colocation.get("with")],
             released_at__gte=_window_start(colocation)).values_list("released_at", flat=True)
-        at = min((r.timestamp() for r in releases), default=time.time())
+        at = min((r.timestamp() for r in releases if r is not None), default=time.time())
         _close_window(colocation, at)
         if colocation["state"] == "paired":
             colocation["state"] = "ended"
@@ -218,7 +222,7 @@ def sharing_text(job: Job) -> str:
     slowdown = colocation.get("slowdown")
     measured = (f"slowdown measured {slowdown:.2f}×" if slowdown is not None
                 else f"slowdown not measured yet (predicted {colocation.get('predicted_slowdown', 1.0):.2f}×)")
-    state = colocation.get("state")
+    state = str(colocation.get("state"))
     verb = {"paired": "sharing", "ended": "shared", "split": "split from sharing",
             "was-split": "split from sharing"}.get(state, "shared")
     text = f"{verb} {where} with job {colocation['with']}: {colocation.get('reason', '')}; {measured}"

@@ -31,7 +31,9 @@ WINDOW_S = 300
 
 
 def config() -> ColocationConfig:
-    return ColocationConfig(**settings.COLOCATION)
+    values = settings.COLOCATION
+    return ColocationConfig(max_utilization_pct=float(values["max_utilization_pct"]),
+                            min_samples=int(values["min_samples"]), max_slowdown=float(values["max_slowdown"]))
 
 
 def _mean(tally: Any) -> float | None:
@@ -57,7 +59,7 @@ def measure_alone(job: Job, gpu_id: int, now: datetime) -> dict[str, Any] | None
     for available, utilization, memory_max in rows.values_list("available_samples", "utilization_avg",
                                                                "memory_used_max_mb"):
         samples += available
-        busy += available * utilization
+        busy += available * (utilization or 0.0)
         memory = max(memory, memory_max or 0)
     if not samples:
         return None
