@@ -230,11 +230,11 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "steps_done": job.steps_done, "steps_per_second": job.steps_per_second,
         "samples_per_second": job.samples_per_second, "last_steps_per_second": job.last_steps_per_second,
         "last_samples_per_second": job.last_samples_per_second, "last_loss": job.last_loss,
-        "shareable": job.shareable, "wait_fraction": job.wait_fraction,
-        "measured_slowdown": (job.colocation or {}).get("slowdown"), "sharing": sharing_data(job),
         "runtime_info": job.runtime_info,
         "allocations": [], "created_at": when(job.created_at), "placed_at": when(job.placed_at),
         "started_at": when(job.started_at), "finished_at": when(job.finished_at),
+        "shareable": job.shareable, "wait_fraction": job.wait_fraction,
+        "measured_slowdown": (job.colocation or {}).get("slowdown"), "sharing": sharing_data(job),
     }
 
 
