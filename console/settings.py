@@ -233,6 +233,8 @@ SCHEDULER = {
 # Measured-utilization packing of shareable jobs (apps.scheduling.colocation.ColocationConfig; docs/architecture.md
 # "Sharing GPUs"): a pass every scheduler interval, when enabled.
 COLOCATION_ENABLED = env_bool("CONSOLE_COLOCATION", True)
+# Teams whose one-GPU training jobs are shareable unless they say otherwise ("shareable": false).
+COLOCATION_SHAREABLE_TEAMS = env_list("CONSOLE_SHAREABLE_TEAMS", [])
 COLOCATION = {
     "max_utilization_pct": env_float("CONSOLE_COLOCATION_MAX_UTILIZATION_PCT", 30.0, above=0.0),
     "min_samples": env_int("CONSOLE_COLOCATION_MIN_SAMPLES", 15, minimum=1),

@@ -20,6 +20,9 @@ PROTOCOL_VERSION = 1
 HOST_QUEUE_PREFIX = "host."
 RUN_JOB_TASK = "agent.run_job"
 STOP_JOB_TASK = "agent.stop_job"
+# (job id, attempt, share of its one GPU): a running job's share changed (a shareable job got or lost a neighbour,
+# apps/jobs/colocating.py); the agent's memory watch holds it to the new share from then on.
+RESHARE_JOB_TASK = "agent.reshare_job"
 HEARTBEAT_INTERVAL_S = 5.0
 # A host whose last heartbeat is older than this is marked down and its jobs failed or requeued.
 HEARTBEAT_TIMEOUT_S = 30.0

@@ -178,7 +178,7 @@ class JobSubmitForm(forms.Form):
             name=data["name"], kind=data["kind"], gpus=data["gpus"], workload=workload, team=data["team"],
             gpu_type=data.get("gpu_type") or None, priority=data["priority"], preset=data.get("preset") or None,
             max_steps=data.get("max_steps"), time_limit_minutes=data.get("time_limit_minutes"),
-            max_retries=data.get("max_retries") or 0, shareable=bool(data.get("shareable")),
+            max_retries=data.get("max_retries") or 0, shareable=True if data.get("shareable") else None,
             image=data.get("image") or "", env=data.get("env") or {}, secrets=data.get("secrets") or [],
             mounts=data.get("mounts") or [], code=self._code(data), shm_gb=data.get("shm_gb"),
         )

@@ -37,7 +37,7 @@ from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.jobs.placement import job_place
 from apps.scheduling.colocation import PAIR_UNITS, measured_slowdown
 from apps.scheduling.sharing import FULL
-from workers.protocol import TrainingProgress
+from workers.protocol import RESHARE_JOB_TASK, TrainingProgress, host_queue
 
 logger = logging.getLogger(__name__)
 State = Job.State
@@ -94,10 +94,25 @@ def record_steps(job: Job, records: Sequence[TrainingProgress]) -> None:
     job.colocation = colocation
 
 
+def _send_reshare_after_commit(job_id: int, attempt: int, host_name: str, share: float) -> None:
+    def send() -> None:
+        from celery import current_app
+
+        try:
+            current_app.send_task(RESHARE_JOB_TASK, args=[job_id, attempt, share], queue=host_queue(host_name))
+        except Exception:  # noqa: BLE001 - the watch then keeps the old share; the placement checks still hold
+            logger.warning("could not tell host %s the new share of job %s", host_name, job_id, exc_info=True)
+
+    transaction.on_commit(send)
+
+
 def _resize(job: Job, allocation: JobAllocation, units: int, now: Any) -> None:
-    """Give a holding job `units` of its one GPU: its allocation, its row and its usage ledger (the open segment
-    ends and a new one starts at the new share)."""
+    """Give a holding job `units` of its one GPU: its allocation, its row, its usage ledger (the open segment ends
+    and a new one starts at the new share), and its agent's memory watch."""
     JobAllocation.objects.filter(pk=allocation.pk).update(share_units=units)
+    host = GPU.objects.filter(pk=allocation.gpu_id).values_list("host__name", flat=True).first()
+    if host:
+        _send_reshare_after_commit(job.pk, job.attempts, host, units / FULL)
     Job.objects.filter(pk=job.pk).update(gpu_share_units=units)
     UsageSegment.objects.filter(job=job, ended_at__isnull=True).update(ended_at=now)
     UsageSegment.objects.create(job=job, team_id=job.team_id, user_id=job.user_id, gpus=1, share_units=units,

@@ -53,9 +53,9 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     )
     max_retries = serializers.IntegerField(min_value=0, max_value=3, required=False, default=0)
     shareable = serializers.BooleanField(
-        required=False, default=False,
+        required=False, allow_null=True,
         help_text="a one-GPU job that may share its GPU with another shareable job when both leave it mostly idle "
-                  "(measured); each then holds half of it")
+                  "(measured); each then holds half of it; absent: the team's default")
     cpus = PositiveFloatField(
         max_value=MAX_JOB_CPUS, required=False, allow_null=True,
         help_text="CPUs the job may use (its cgroup's quota; may be fractional); default: a number per GPU the "

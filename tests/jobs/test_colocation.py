@@ -69,6 +69,14 @@ def test_shareable_is_for_one_whole_gpu(world, client_for):
     assert detail["shareable"] is True and detail["sharing"] is None and detail["measured_slowdown"] is None
 
 
+def test_a_team_default_makes_its_one_gpu_jobs_shareable(world, client_for, settings):
+    settings.COLOCATION_SHAREABLE_TEAMS = ["vision"]
+    client = client_for(world.member)
+    created = [client.post("/api/v1/jobs/", train_spec(**spec), format="json").json() for spec in
+               ({"gpus": 1}, {"gpus": 1, "shareable": False}, {"gpus": 2}, {"gpus": 0.5})]
+    assert [job["shareable"] for job in created] == [True, False, False, False]
+
+
 def test_a_waiting_shareable_job_joins_an_idle_one_and_the_slowdown_is_measured(world, one_gpu, client_for):
     resident = running_on(submit(world.member), one_gpu)
     measured_alone(resident, one_gpu, 18.0)
