@@ -212,6 +212,9 @@ def unpair(job_id: int) -> bool:
         elif colocation["state"] == "split":
             colocation["state"] = "was-split"
         Job.objects.filter(pk=job.pk).update(colocation=colocation)
+        if job.state == State.QUEUED and job.gpu_share_units != FULL:
+            # Requeued (preempted, its host lost) while it shared: its next run asks for its whole GPU again.
+            Job.objects.filter(pk=job.pk).update(gpu_share_units=FULL)
         if job.state in Job.HOLDING_STATES and job.preempt_requested_at is None:
             held = list(JobAllocation.objects.filter(job=job, released_at__isnull=True))
             if len(held) == 1 and held[0].share_units < FULL:

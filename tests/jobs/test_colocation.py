@@ -160,3 +160,17 @@ def test_a_pair_that_hurts_is_split_and_never_formed_again(world, one_gpu):
     measured_alone(resident, one_gpu, 20.0)
     assert colocation_pass()["paired"] == 0
     assert fetch(guest).state == "queued"
+
+
+def test_a_guest_requeued_while_it_shared_asks_for_its_whole_gpu_again(world, one_gpu):
+    resident = running_on(submit(world.member), one_gpu)
+    measured_alone(resident, one_gpu, 20.0)
+    guest = submit(world.member2)
+    waiting(guest)
+    assert colocation_pass()["paired"] == 1
+    assert services.job_preempt(guest.pk, "a higher priority job")  # placed, not started: requeued at once
+    assert fetch(guest).state == "queued"
+    colocation_pass()
+    guest, resident = fetch(guest), fetch(resident)
+    assert guest.gpu_share_units == 100 and guest.colocation["state"] == "ended"
+    assert resident.gpu_share_units == 100 and resident.colocation["state"] == "ended"
