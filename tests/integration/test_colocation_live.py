@@ -79,3 +79,38 @@ def test_two_low_utilization_jobs_share_one_gpu_with_a_measured_slowdown(cluster
           f"second: alone {second['sharing']['alone_step_s']:.3f}, paired {second['sharing']['paired_step_s']:.3f}, "
           f"slowdown {second['measured_slowdown']}; why: {first['sharing']['why']}")
     assert 0.8 < first["measured_slowdown"] < 1.5 and 0.8 < second["measured_slowdown"] < 1.5
+
+
+def test_a_trial_pair_that_hurts_is_split_and_not_formed_again(cluster):
+    """A waiting job never measured joins on trial; it turns out to keep the GPU busy (99 % of its step computing),
+    the resident's steps slow down past 1.5x, and the guest is preempted back to the queue, never to pair with it
+    again; the resident holds its whole GPU again."""
+    admin = cluster.admin()
+
+    def submit(name: str, compute_s: str, wait_s: str) -> dict:
+        workload = {"command": [PY, str(SCRIPTS / "shared_steps.py"), compute_s, wait_s, str(cluster.port)]}
+        response = admin.post("/api/v1/jobs/", json={"team": "pack", "name": name, "gpus": 1, "shareable": True,
+                                                     "workload": workload, "time_limit_minutes": 30})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    idle = submit("idle", "0.03", "0.47")
+    cluster.wait_state(idle["id"], {"running"})
+    busy = submit("busy", "1.5", "0.02")
+    cluster.wait_for(lambda: cluster.job(busy["id"])["sharing"] is not None, timeout=180,
+                     what="the busy job to join the idle one on trial")
+    idle = cluster.wait_for(lambda: (j := cluster.job(idle["id"]))["sharing"]["state"] in ("split", "was-split")
+                            and j, timeout=180, what="the pair to be split")
+    assert idle["measured_slowdown"] > 1.5
+    busy = cluster.wait_state(busy["id"], {"queued"}, timeout=60)  # preempted at its checkpoint, requeued
+    assert busy["sharing"]["state"] in ("split", "was-split") and busy["preemption_count"] == 1
+    events = [e["reason"] for e in admin.get(f"/api/v1/jobs/{busy['id']}/events/").json()["results"]]
+    assert any(f"split from job {idle['id']} on its shared GPU: slowdown measured" in e for e in events), events
+    cluster.wait_for(lambda: cluster.job(idle["id"])["allocations"][0]["share"] == 1.0, timeout=60,
+                     what="the idle job to hold its whole GPU again")
+    page = cluster.browser().get(f"/jobs/{idle['id']}/").text
+    assert f"split from sharing GPU 0 of host pk-a with job {busy['id']}" in page
+    print(f"\nsplit: idle job slowdown {idle['measured_slowdown']} (alone {idle['sharing']['alone_step_s']:.3f} "
+          f"s/step, paired {idle['sharing']['paired_step_s']:.3f}); {idle['sharing']['why']}")
+    for job in (idle, busy):
+        admin.post(f"/api/v1/jobs/{job['id']}/cancel/", json={})
