@@ -21,6 +21,8 @@ def _schedule_periodic_tasks(sender: Celery, **_: object) -> None:
         float(settings.SCHEDULER_PASS_INTERVAL_S), sender.signature("jobs.scheduler_pass"), name="scheduler pass"
     )
     sender.add_periodic_task(float(settings.REAPER_INTERVAL_S), sender.signature("jobs.reap"), name="reaper")
+    sender.add_periodic_task(float(settings.SCHEDULER_PASS_INTERVAL_S), sender.signature("jobs.colocate"),
+                             name="packing of shareable jobs")
     sender.add_periodic_task(60.0, sender.signature("telemetry.housekeeping"), name="telemetry housekeeping")
     sender.add_periodic_task(float(settings.TELEMETRY_SNAPSHOT_S), sender.signature("telemetry.cluster_snapshot"),
                              name="cluster snapshot")

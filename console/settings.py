@@ -230,6 +230,16 @@ SCHEDULER = {
     "borrowing": env_bool("CONSOLE_SCHEDULER_BORROWING", True),
     "backfill": env_bool("CONSOLE_SCHEDULER_BACKFILL", False),
 }
+# Measured-utilization packing of shareable jobs (apps.scheduling.colocation.ColocationConfig; docs/architecture.md
+# "Sharing GPUs"): a pass every scheduler interval, when enabled.
+COLOCATION_ENABLED = env_bool("CONSOLE_COLOCATION", True)
+# Teams whose one-GPU training jobs are shareable unless they say otherwise ("shareable": false).
+COLOCATION_SHAREABLE_TEAMS = env_list("CONSOLE_SHAREABLE_TEAMS", [])
+COLOCATION = {
+    "max_utilization_pct": env_float("CONSOLE_COLOCATION_MAX_UTILIZATION_PCT", 30.0, above=0.0),
+    "min_samples": env_int("CONSOLE_COLOCATION_MIN_SAMPLES", 15, minimum=1),
+    "max_slowdown": env_float("CONSOLE_COLOCATION_MAX_SLOWDOWN", 1.5, above=1.0),
+}
 if SCHEDULER["policy"] not in {"console", "fifo", "fifo-backfill", "fair-share"}:
     raise ImproperlyConfigured(
         f"Environment variable CONSOLE_SCHEDULER_POLICY={SCHEDULER['policy']!r} must be one of console, fifo, "

@@ -21,6 +21,9 @@ PROTOCOL_VERSION = 2
 HOST_QUEUE_PREFIX = "host."
 RUN_JOB_TASK = "agent.run_job"
 STOP_JOB_TASK = "agent.stop_job"
+# (job id, attempt, share of its one GPU): a running job's share changed (a shareable job got or lost a neighbour,
+# apps/jobs/colocating.py); the agent's memory watch holds it to the new share from then on.
+RESHARE_JOB_TASK = "agent.reshare_job"
 HEARTBEAT_INTERVAL_S = 5.0
 # A host whose last heartbeat is older than this is marked down and its jobs failed or requeued.
 HEARTBEAT_TIMEOUT_S = 30.0
@@ -566,6 +569,11 @@ def _count(value: Any) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
+def _fraction(value: Any) -> float | None:
+    number = _number(value)
+    return number if number is not None and 0.0 <= number <= 1.0 else None
+
+
 def _text(value: Any, limit: int = 300) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
@@ -601,10 +609,10 @@ def clean_metrics(values: Any) -> tuple[dict[str, float], int]:
 @dataclass(frozen=True)
 class TrainingProgress:
     """{"type": "progress", "step": ..., "max_steps", "loss", "steps_per_s", "samples_per_s", "avg_steps_per_s",
-    "avg_samples_per_s", "ts", "metrics": {name: value}, ...}.
+    "avg_samples_per_s", "wait_fraction", "ts", "metrics": {name: value}, ...}.
 
-    `steps_per_s`/`samples_per_s` cover the interval since the previous report; the `avg_` rates the attempt's
-    run so far (after its first step), the figures a job's record shows. A runtime older than the `avg_` rates
+    `steps_per_s`/`samples_per_s` and `wait_fraction` cover the interval since the previous report; the `avg_`
+    rates the attempt's run so far (after its first step), the figures a job's record shows. A runtime older than the `avg_` rates
     sends only the interval's. `dropped_metrics` counts the named metrics dropped on the way (bad names or
     values), so the console can say how many it never got.
     """
@@ -621,6 +629,9 @@ class TrainingProgress:
     dropped_metrics: int = 0
     avg_steps_per_s: float | None = None
     avg_samples_per_s: float | None = None
+    # The share of the interval's time the job spent waiting on data (or communication) rather than computing,
+    # in [0, 1]: what the console's packing of shareable jobs reads (apps/scheduling/colocation.py).
+    wait_fraction: float | None = None
 
     RATES: ClassVar[tuple[str, ...]] = ("steps_per_s", "samples_per_s", "avg_steps_per_s", "avg_samples_per_s")
 
@@ -646,6 +657,7 @@ class TrainingProgress:
                    loss=_number(message.get("loss")),
                    **{key: value if value is None or value >= 0 else None for key, value in rates.items()},
                    epoch=_count(message.get("epoch")), ts=_number(message.get("ts")), metrics=metrics,
+                   wait_fraction=_fraction(message.get("wait_fraction")),
                    dropped_metrics=min((_count(message.get("dropped_metrics")) or 0) + dropped, MAX_DROPPED))
 
 

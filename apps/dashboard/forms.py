@@ -94,6 +94,9 @@ class JobSubmitForm(forms.Form):
     )
     max_steps = forms.IntegerField(required=False, min_value=1, max_value=MAX_STEPS, label="Max steps")
     max_retries = forms.IntegerField(min_value=0, max_value=3, initial=0, label="Retries after a lost host")
+    shareable = forms.BooleanField(required=False, label="Shareable",
+                                   help_text="A one-GPU job that may share its GPU with another shareable job when "
+                                             "both are measured to leave it mostly idle.")
     # The job's environment (issue 16): checked by job_submit as for the API.
     image = forms.CharField(required=False, strip=True, label="Image",
                             help_text="An OCI image to run in, e.g. registry.example.org/team/train:1.2 (blank: "
@@ -175,7 +178,7 @@ class JobSubmitForm(forms.Form):
             name=data["name"], kind=data["kind"], gpus=data["gpus"], workload=workload, team=data["team"],
             gpu_type=data.get("gpu_type") or None, priority=data["priority"], preset=data.get("preset") or None,
             max_steps=data.get("max_steps"), time_limit_minutes=data.get("time_limit_minutes"),
-            max_retries=data.get("max_retries") or 0,
+            max_retries=data.get("max_retries") or 0, shareable=True if data.get("shareable") else None,
             image=data.get("image") or "", env=data.get("env") or {}, secrets=data.get("secrets") or [],
             mounts=data.get("mounts") or [], code=self._code(data), shm_gb=data.get("shm_gb"),
         )

@@ -41,6 +41,7 @@ from apps.dashboard.selectors import alerts_visible_to, cluster_overview
 from apps.dashboard.services import alert_acknowledge
 from apps.jobs import selectors as job_selectors
 from apps.jobs import services as job_services
+from apps.jobs.colocating import sharing_text
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.usage import team_usage
 from apps.quotas.models import QuotaRequest
@@ -178,6 +179,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "artifacts": artifacts[:ARTIFACTS_SHOWN],
         "artifacts_more": len(artifacts) > ARTIFACTS_SHOWN,
         "preset": PRESETS.get(job.preset),
+        "sharing": sharing_text(job),
         "live": {"job": job.pk, "log_next": log_next, "state": job.state, "final": job.is_final,
                  "gpus": [g.uuid for g in gpus], "max_steps": job.max_steps},
         **job_metrics_context(job),

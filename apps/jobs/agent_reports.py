@@ -13,6 +13,7 @@ from django.utils import timezone
 from apps.accounts.secrets import secret_values
 from apps.cluster.models import Host
 from apps.core.errors import WrongState
+from apps.jobs import colocating
 from apps.jobs.dispatch import job_hosts, send_stop_after_commit
 from apps.jobs.lifecycle import (
     finish,
@@ -196,8 +197,13 @@ def _record_training_progress(job: Job, attempt: int, records: list[TrainingProg
                           (progress.samples_per_s, "last_samples_per_second"), (progress.loss, "last_loss")]:
         if value is not None:
             fields[target] = value
+    waits = [record.wait_fraction for record in records if record.wait_fraction is not None]
+    if waits:
+        fields["wait_fraction"] = waits[-1]
     if fields:
         Job.objects.filter(pk=job.pk).update(**fields)
+    if job.shareable:
+        colocating.record_steps(job, records)
 
 
 def _record_result(job: Job, result: ResultRecord) -> None:

@@ -118,6 +118,12 @@ class Job(models.Model):
     runtime_info = models.JSONField(default=dict, blank=True,
                                     help_text="What the job's process announced, e.g. the port a replica serves on.")
     borrowing = models.BooleanField(default=False, help_text="Runs on GPUs borrowed beyond the team's quota.")
+    # Measured-utilization packing (apps/scheduling/colocation.py): the job may share its GPU with another
+    # shareable job when both leave it mostly idle. `wait_fraction`: the newest share of a step its runtime spent
+    # waiting on data. `colocation`: its pairing, kept after it ends (apps/jobs/colocating.py says what is in it).
+    shareable = models.BooleanField(default=False, help_text="May share its GPU when it leaves it mostly idle.")
+    wait_fraction = models.FloatField(null=True, blank=True)
+    colocation = models.JSONField(default=dict, blank=True)
     preempt_requested_at = models.DateTimeField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True, help_text="When steps_done was last reported.")
     log_size = models.PositiveBigIntegerField(default=0, help_text="Characters of log stored.")

@@ -9,6 +9,7 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from apps.core.serializers import RejectUnknownFieldsMixin
+from apps.jobs.colocating import sharing_data
 from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
 from apps.jobs.selectors import attempt_allocations
@@ -51,6 +52,10 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         min_value=1, max_value=settings.JOBS_MAX_TIME_LIMIT_MINUTES, required=False
     )
     max_retries = serializers.IntegerField(min_value=0, max_value=3, required=False, default=0)
+    shareable = serializers.BooleanField(
+        required=False, allow_null=True,
+        help_text="a one-GPU job that may share its GPU with another shareable job when both leave it mostly idle "
+                  "(measured); each then holds half of it; absent: the team's default")
     cpus = PositiveFloatField(
         max_value=MAX_JOB_CPUS, required=False, allow_null=True,
         help_text="CPUs the job may use (its cgroup's quota; may be fractional); default: a number per GPU the "
@@ -126,6 +131,9 @@ class JobSerializer(serializers.ModelSerializer):
     code = serializers.SerializerMethodField()
     backend = serializers.SerializerMethodField()
     resolved_image = serializers.SerializerMethodField()
+    measured_slowdown = serializers.SerializerMethodField(
+        help_text="step time while sharing its GPU over step time alone (null until both are measured)")
+    sharing = serializers.SerializerMethodField(help_text="its GPU sharing and why (null: it never shared)")
 
     class Meta:
         model = Job
@@ -136,6 +144,7 @@ class JobSerializer(serializers.ModelSerializer):
             "estimate_confidence", "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done",
             "steps_per_second", "samples_per_second", "last_steps_per_second", "last_samples_per_second", "last_loss",
             "runtime_info", "allocations", "created_at", "placed_at", "started_at", "finished_at",
+            "shareable", "wait_fraction", "measured_slowdown", "sharing",
         ]
         read_only_fields = fields
 
@@ -159,6 +168,12 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_resolved_image(self, job: Job) -> str:
         return resolved_image_of(job)
+
+    def get_measured_slowdown(self, job: Job) -> float | None:
+        return (job.colocation or {}).get("slowdown")
+
+    def get_sharing(self, job: Job) -> dict[str, Any] | None:
+        return sharing_data(job)
 
     def get_allocations(self, job: Job) -> list[dict[str, Any]]:
         return AllocationSerializer(attempt_allocations(job), many=True).data
@@ -218,6 +233,8 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "runtime_info": job.runtime_info,
         "allocations": [], "created_at": when(job.created_at), "placed_at": when(job.placed_at),
         "started_at": when(job.started_at), "finished_at": when(job.finished_at),
+        "shareable": job.shareable, "wait_fraction": job.wait_fraction,
+        "measured_slowdown": (job.colocation or {}).get("slowdown"), "sharing": sharing_data(job),
     }
 
 

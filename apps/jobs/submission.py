@@ -47,6 +47,9 @@ class JobSpec:
     max_steps: int | None = None
     time_limit_minutes: int | None = None
     max_retries: int = 0
+    # May share its one GPU with another shareable job when both leave it mostly idle (apps/jobs/colocating.py);
+    # None: the team's default (settings.COLOCATION_SHAREABLE_TEAMS), for the jobs that may share.
+    shareable: bool | None = None
     # A fraction of one GPU, in 1/100s (100: whole GPUs), or memory on one GPU.
     gpu_share_units: int = 100
     gpu_memory_mb: int | None = None
@@ -202,6 +205,11 @@ def _check_workload(kind: str, preset_name: str, workload: dict[str, Any]) -> di
     return errors
 
 
+def may_share(spec: JobSpec) -> bool:
+    """Whether the job may be shareable: a training job of one whole GPU."""
+    return spec.gpus == 1 and spec.gpu_share_units == 100 and spec.gpu_memory_mb is None and spec.kind == "train"
+
+
 def _check_gpus(spec: JobSpec, submitter: _Submitter) -> dict[str, object]:
     team, quota = submitter.team, submitter.quota
     pools = submitter.pools or gpu_pools()
@@ -213,6 +221,9 @@ def _check_gpus(spec: JobSpec, submitter: _Submitter) -> dict[str, object]:
         elif quota.allowed_gpu_types and spec.gpu_type not in {gpu_type_key(t) for t in quota.allowed_gpu_types}:
             allowed = ", ".join(quota.allowed_gpu_types)
             errors["gpu_type"] = [f"Team {team.slug} may use only these GPU types: {allowed}."]
+    if spec.shareable and not may_share(spec):
+        errors["shareable"] = ["Only a training job of one whole GPU may share it (gpus 1, no gpu_memory_gb): the "
+                               "console sizes the shares once it has measured the job."]
     gpu_errors: list[str] = []
     if spec.gpu_memory_mb is not None and "gpu_type" not in errors:
         largest = pools.largest_memory_mb(spec.gpu_type)
@@ -309,6 +320,8 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         max_steps=spec.max_steps,
         time_limit_minutes=spec.time_limit_minutes or _default_time_limit(),
         max_retries=spec.max_retries,
+        shareable=spec.shareable if spec.shareable is not None else (
+            team.slug in settings.COLOCATION_SHAREABLE_TEAMS and may_share(spec)),
         gpu_share_units=spec.gpu_share_units,
         gpu_memory_mb=spec.gpu_memory_mb,
         cpus=cpus,

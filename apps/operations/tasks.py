@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from apps.operations import inference, reapers
+from apps.operations import colocation, inference, reapers
 
 
 @shared_task(name="jobs.reap", ignore_result=True)
@@ -16,3 +16,8 @@ def reap() -> dict[str, int]:
 @shared_task(name="serving.reconcile", ignore_result=True)
 def reconcile() -> int:
     return inference.reconcile_all()
+
+
+@shared_task(name="jobs.colocate", ignore_result=True)
+def colocate() -> dict[str, int]:
+    return colocation.colocation_pass()

@@ -34,6 +34,7 @@ from workers.protocol import (
     CONTAINER_RUNTIMES,
     HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
+    RESHARE_JOB_TASK,
     RUN_JOB_TASK,
     STOP_JOB_TASK,
     Dispatch,
@@ -327,6 +328,10 @@ def celery_app(args: argparse.Namespace, runner: JobRunner) -> Celery:
             logger.error("ignoring a dispatch for host %s", dispatch.host)
             return "refused"
         return runner.start(dispatch)
+
+    @app.task(name=RESHARE_JOB_TASK)
+    def reshare_job(job_id: int, attempt: int, share: float) -> bool:
+        return runner.reshare(job_id, attempt, share)
 
     @app.task(name=STOP_JOB_TASK)
     def stop_job(job_id: int, attempt: int, reason: str, state: str = "stopped") -> bool:

@@ -43,7 +43,7 @@ from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
 from workers.agent.progress import forwarded
 from workers.agent.sandbox import FilesystemView, plan_view
-from workers.agent.sharing import MpsControl, ShareLimits, share_limits
+from workers.agent.sharing import MpsControl, ShareLimits, reshared_limits, share_limits
 from workers.protocol import (
     JOB_ENV_VARIABLES,
     PROGRESS_FILE_NAME,
@@ -386,6 +386,19 @@ class JobRunner:
             grace = self.preempt_grace_s if state == "preempted" else self.grace_s
             self._terminate(job, grace)
         return bool(matches)
+
+    def reshare(self, job_id: int, attempt: int, share: float) -> bool:
+        """A running job's share of its one GPU changed (workers.protocol.RESHARE_JOB_TASK): the memory watch holds
+        it to the new share from now on."""
+        with self._lock:
+            job = self._jobs.get((job_id, attempt))
+            if job is None or len(job.dispatch.gpu_indices) != 1:
+                return False
+            memory = self.gpus.get(job.dispatch.gpu_indices[0], ("", 0))[1]
+            job.limits = reshared_limits(job.limits, share, memory)
+        logger.info("job %s: now holds %.2f of its GPU (memory watch at %s MiB)", job_id, share,
+                    job.limits.memory_mb if job.limits else "none")
+        return True
 
     def shutdown(self, reason: str = "the agent shut down", wait_s: float | None = None) -> None:
         """Stop every job, then wait (the grace period and a few seconds, or `wait_s`) until each one's processes

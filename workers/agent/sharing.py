@@ -87,3 +87,15 @@ def over_share(used_mb: dict[int, int], limits: dict[int, int]) -> list[tuple[in
     """(job id, used MiB, limit MiB) for each fractional job using more GPU memory than its share."""
     return [(job_id, used, limits[job_id]) for job_id, used in used_mb.items()
             if job_id in limits and used > limits[job_id]]
+
+
+def reshared_limits(current: ShareLimits | None, share: float, gpu_memory_mb: int) -> ShareLimits | None:
+    """The limits of a running job whose share of its GPU changed: the memory watch at the new share (what can
+    change under a running process; its MPS or allocator limits stay as they were at its start). None for a job
+    that holds the whole GPU again and was started without limits."""
+    if share >= 1.0 and current is None:
+        return None
+    share = min(max(share, 0.01), 1.0)
+    # Started whole, it has no allocator cap or MPS limit in its environment: only the watch holds it.
+    mechanism = current.mechanism if current is not None else "watch"
+    return ShareLimits(share=share, memory_mb=int(share * gpu_memory_mb), mechanism=mechanism)

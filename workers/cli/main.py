@@ -148,6 +148,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         "priority": args.priority, "preset": args.preset, "max_steps": args.max_steps,
         "time_limit_minutes": args.time_limit, "max_retries": args.max_retries, "cpus": args.cpus,
         "memory_gb": args.memory_gb, "image": args.image, "shm_gb": args.shm_gb,
+        "shareable": True if args.shareable else None,
     }
     spec = build_spec(base, fields, builtin=args.builtin, params=args.param, command=args.command_line,
                       argv=args.argv, env=args.env, secrets=args.secret, mounts=args.mount, code_dir=args.code,
@@ -412,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-steps", type=int)
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
     submit.add_argument("--max-retries", type=int)
+    submit.add_argument("--shareable", action="store_true",
+                        help="a one-GPU job that may share its GPU with another shareable job when both are "
+                             "measured to leave it mostly idle")
     submit.add_argument("--cpus", type=_positive_float, metavar="N",
                         help="CPUs the job may use, may be fractional (default: a number per GPU the admins set)")
     submit.add_argument("--memory-gb", type=_positive_float, metavar="GB",

@@ -112,6 +112,9 @@ class Session:
         self._planned_steps: int | None = None
         self._last_loss: float | None = None
         self._last_report: tuple[float, int, int] | None = None
+        # Seconds spent waiting for the data loader's next batch (all of the run, and as of the last report).
+        self._wait_s = 0.0
+        self._wait_s_reported = 0.0
         self._train_start: tuple[float, int, int] | None = None
         self._warm_start: tuple[float, int, int] | None = None
         self._input_dtype: torch.dtype | None = None
@@ -304,15 +307,19 @@ class Session:
                 sampler.start_index = position * (loader.batch_size or 1)
             else:
                 skip, position = position, 0  # no resumable sampler: read and drop the consumed batches
+            waiting_since = time.perf_counter()
             for batch in loader:
                 position += 1
                 if position <= skip:
                     continue
                 self._batch_in_epoch = position
                 self.samples_seen += ops.batch_size_of(batch)
-                yield self.to_device(batch)
+                on_device = self.to_device(batch)
+                self._wait_s += time.perf_counter() - waiting_since
+                yield on_device
                 if self.should_stop:
                     return
+                waiting_since = time.perf_counter()
             if isinstance(sampler, ResumableSampler):
                 sampler.start_index = 0
             self.epoch += 1
@@ -424,6 +431,9 @@ class Session:
         steps_per_s = (step - previous[1]) / elapsed
         samples_per_s = (samples - previous[2]) * self.world_size / elapsed
         self._last_report = (now, step, samples)
+        # The interval's share spent waiting on data (the console's packing of shareable jobs reads it).
+        extra.setdefault("wait_fraction", round(min(1.0, max(0.0, (self._wait_s - self._wait_s_reported) / elapsed)), 4))
+        self._wait_s_reported = self._wait_s
         avg_steps_per_s, avg_samples_per_s = self._run_rates(now, step, samples)
         extra.setdefault("avg_steps_per_s", avg_steps_per_s)
         extra.setdefault("avg_samples_per_s", avg_samples_per_s)
