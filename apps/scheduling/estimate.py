@@ -210,6 +210,8 @@ BURST_GAP_S = 120.0
 MIN_BURST = 10
 # At most this many expected submissions (the latest of a longer burst).
 MAX_EXPECTED = 2_000
+# How sure an expected submission is (the Lindy rule: as likely to come as not): a start after its end is no surer.
+EXPECTED_CONFIDENCE = 0.5
 
 
 def expected_arrivals(now: float, recent: Iterable[Waiting]) -> list[tuple[float, Waiting]]:
@@ -241,5 +243,8 @@ def expected_arrivals(now: float, recent: Iterable[Waiting]) -> list[tuple[float
     for job in burst:
         at = job.order[2] + lasted
         priority, score, _, job_id = job.order
-        expected.append((at, replace(job, order=(priority, score, at, -1 - job_id), fixed_start=None)))
+        confidence = min(job.confidence, EXPECTED_CONFIDENCE)
+        expected.append(
+            (at, replace(job, order=(priority, score, at, -1 - job_id), fixed_start=None, confidence=confidence))
+        )
     return expected

@@ -80,6 +80,7 @@ def test_the_job_just_submitted_is_delayed_by_the_expected_rest_of_its_burst():
     # the sweep lasted 69 s (11 jobs): its ten short jobs are expected again 75.3 s after each came, from 6.3 s to
     # 15.3 s; the GPU frees at 10 and they take it 4 s each, coming faster than they end: 10 + 10 x 4
     assert starts[2].start == pytest.approx(50.0)
+    assert starts[2].confidence == 0.5  # after the end of an expected job: no surer than it is to come
     # a GPU free only after the repeat: it all goes first as well
     ends = [Release(60.0, "x", 1, "a", "u", 100, 1.0)]
     starts = estimate_starts(now, {"x": 0}, {"x": 1}, {"a": 100}, {}, ends, [long], expected)
