@@ -1,5 +1,6 @@
 """A container agent in a process of its own, for the kill -9 test: it starts one dispatch (JSON on argv) with a
-JobRunner like the conftest's, prints "started", and waits to be killed."""
+JobRunner like the conftest's (argv: console URL, root folder, dispatch, container CLI), prints "started", and
+waits to be killed."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from workers.agent.runner import JobRunner, JobUids
 from workers.protocol import Dispatch
 
 if __name__ == "__main__":
-    console_url, root, message = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
-    runtime = ContainerRuntime("podman", oci_runtime=oci_runtime(), simulated=True)
+    console_url, root, message, kind = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+    runtime = ContainerRuntime(kind, oci_runtime=oci_runtime() if kind == "podman" else "", simulated=True)
     runner = JobRunner(ConsoleClient(console_url, "host-token"), work_root=root / "work",
                        artifacts_root=root / "artifacts", simulated=True, job_uids=JobUids(*JOB_UIDS),
                        console_url=console_url, containers=runtime)

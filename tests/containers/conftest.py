@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import threading
 import time
@@ -49,15 +50,37 @@ def podman() -> None:
         pytest.skip(f"container backend tests: {why}")
 
 
+def _docker_unusable() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker is not installed (apt install docker.io)"
+    try:
+        answer = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                                text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"docker does not answer: {exc}"
+    return None if answer.returncode == 0 else f"no docker daemon runs here ({answer.stderr.strip()[:200]})"
+
+
+@pytest.fixture(scope="session", params=["podman", "docker"])
+def runtime_kind(request: pytest.FixtureRequest, podman: None) -> str:
+    """The container CLI the agent drives: every test of the backend runs on podman, and on docker where a
+    docker daemon runs (the images are built with podman and loaded into docker's store)."""
+    if request.param == "docker":
+        why = _docker_unusable()
+        if why:
+            pytest.skip(f"docker backend tests: {why}")
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
-def base_image(podman: None) -> str:
-    images.ensure(images.BASE_IMAGE)
+def base_image(runtime_kind: str) -> str:
+    images.ensure(images.BASE_IMAGE, runtime_kind)
     return images.BASE_IMAGE
 
 
 @pytest.fixture(scope="session")
-def torch_image(podman: None) -> str:
-    images.ensure(images.TORCH_IMAGE)
+def torch_image(runtime_kind: str) -> str:
+    images.ensure(images.TORCH_IMAGE, runtime_kind)
     return images.TORCH_IMAGE
 
 
@@ -195,19 +218,26 @@ class Agent:
         console.wait(lambda: not self.runner.running(), timeout=timeout, what="the agent's cleanup after its jobs")
         return self.containers()
 
+    @property
+    def cli(self) -> str:
+        """The container CLI this agent drives (podman or docker)."""
+        assert self.runner.containers is not None
+        return self.runner.containers.kind
+
     def containers(self) -> list[str]:
-        """This agent's containers, running or not, as podman lists them."""
-        listed = subprocess.run(["podman", "ps", "-a", "--filter", f"label={CONTAINER_LABEL_HOST}={self.host}",
+        """This agent's containers, running or not, as its container CLI lists them."""
+        listed = subprocess.run([self.cli, "ps", "-a", "--filter", f"label={CONTAINER_LABEL_HOST}={self.host}",
                                  "--format", "{{.Names}}"], capture_output=True, text=True, check=True)
         return listed.stdout.split()
 
 
 @pytest.fixture
-def agent(podman: None, console: Console, tmp_path: Path) -> Iterator[Agent]:
+def agent(runtime_kind: str, console: Console, tmp_path: Path) -> Iterator[Agent]:
     host = f"ct-{uuid.uuid4().hex[:8]}"
     volumes = tmp_path / "volumes"
     volumes.mkdir()
-    runtime = ContainerRuntime("podman", volume_roots=(volumes,), oci_runtime=oci_runtime(), simulated=True)
+    runtime = ContainerRuntime(runtime_kind, volume_roots=(volumes,),
+                               oci_runtime=oci_runtime() if runtime_kind == "podman" else "", simulated=True)
     runner = JobRunner(ConsoleClient(console.url, HOST_TOKEN), work_root=tmp_path / "work",
                        artifacts_root=tmp_path / "artifacts", simulated=True, grace_s=5.0, preempt_grace_s=10.0,
                        job_uids=JobUids(*JOB_UIDS), console_url=console.url, containers=runtime)

@@ -62,9 +62,24 @@ def build_torch() -> float:
     return time.monotonic() - started
 
 
-def ensure(image: str) -> float:
-    """Build `image` (and what it stands on) unless podman has it; seconds spent building (0: cached). One
-    builder at a time on this machine (pytest-xdist workers ask at once)."""
+def in_docker(image: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", image], capture_output=True, check=False).returncode == 0
+
+
+def load_into_docker(image: str) -> float:
+    """Copy `image` from podman's store into docker's (`podman save | docker load`); returns the seconds."""
+    started = time.monotonic()
+    saved = subprocess.Popen(["podman", "save", image], stdout=subprocess.PIPE)
+    subprocess.run(["docker", "load"], stdin=saved.stdout, check=True, stdout=subprocess.DEVNULL)
+    if saved.wait() != 0:
+        raise RuntimeError(f"podman save {image} failed")
+    return time.monotonic() - started
+
+
+def ensure(image: str, runtime: str = "podman") -> float:
+    """Build `image` (and what it stands on) unless podman has it, and load it into docker's store when
+    `runtime` is docker; seconds spent (0: cached). One builder at a time on this machine (pytest-xdist workers
+    ask at once)."""
     spent = 0.0
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -74,6 +89,8 @@ def ensure(image: str) -> float:
             if not WHEELS.is_dir():
                 raise RuntimeError(f"{WHEELS} holds no torch wheel to build {TORCH_IMAGE} from")
             spent += build_torch()
+        if runtime == "docker" and not in_docker(image):
+            spent += load_into_docker(image)
     return spent
 
 

@@ -387,6 +387,11 @@ class ContainerRuntime:
                 "--env-file", env_path, "--workdir", CODE_PATH if spec.code is not None else CONTAINER_HOME]
         if self.kind == "podman":
             argv += ["--log-driver", "passthrough"]  # the job writes straight into the agent's pipe
+        elif network == "none":
+            # docker leaves the container's host name out of /etc/hosts without a network (podman writes it), and
+            # gloo/c10d resolve it: torchrun in such a container would hang.
+            hostname = f"job-{dispatch.job_id}"
+            argv += ["--hostname", hostname, "--add-host", f"{hostname}:127.0.0.1"]
         if gated(dispatch):
             argv += ["--pidfile", str(job.workdir / GATE_PIDFILE)]
         if job.cgroup is not None:
@@ -500,14 +505,29 @@ def _bind(source: Path, target: str, *, read_only: bool) -> list[str]:
     return ["--mount", f"type=bind,src={source},dst={target}" + (",ro=true" if read_only else "")]
 
 
+_DOCKER_SIZE_UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def _docker_size_mb(text: str) -> int:
+    """MiB of docker's human-readable size ("235MB", "1.2GB": decimal units); 0 when unreadable."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([kKMGT]?B)\s*", text)
+    if match is None or match.group(2) not in _DOCKER_SIZE_UNITS:
+        return 0
+    return int(float(match.group(1)) * _DOCKER_SIZE_UNITS[match.group(2)]) // 2**20
+
+
 def _image_records(entry: dict[str, Any]) -> list[ImageRecord]:
     """One listing entry of `podman images --format json` or `docker images --format '{{json .}}'`."""
     image_id = str(entry.get("Id") or entry.get("ID") or "")
     size = entry.get("Size")
-    size_mb = int(size) // 2**20 if isinstance(size, int) else 0
+    size_mb = int(size) // 2**20 if isinstance(size, int) else _docker_size_mb(str(size or ""))
     created = entry.get("Created") or entry.get("CreatedAt") or ""
     if isinstance(created, int):  # podman: seconds since the epoch
         created = datetime.fromtimestamp(created, tz=UTC).isoformat(timespec="seconds")
+    else:  # docker: "2026-12-03 11:40:36 +0000 UTC"
+        with contextlib.suppress(ValueError):
+            created = datetime.strptime(str(created)[:25], "%Y-%m-%d %H:%M:%S %z").astimezone(UTC).isoformat(
+                timespec="seconds")
     names = entry.get("Names") or ([f"{entry['Repository']}:{entry.get('Tag', '')}"]
                                   if entry.get("Repository") not in (None, "<none>") else [])
     return [ImageRecord(name=str(name), id=image_id, size_mb=size_mb, created=str(created)[:40])
