@@ -44,3 +44,15 @@ def test_the_agent_registers_again_when_its_images_change(base_image: str, conso
     fresh = main.refresh_images(client, containers, stale)
     assert fresh is not stale and base_image in {image.name for image in fresh.images}
     assert main.refresh_images(client, containers, fresh) is fresh  # unchanged: not sent again
+
+
+def test_docker_listing_entries_read_as_podman_ones() -> None:
+    from workers.agent.containers import _image_records
+
+    entry = {"ID": "d47c8b43891b", "Repository": "localhost/base", "Tag": "1", "Size": "235MB",
+             "CreatedAt": "2026-12-03 11:40:36 +0000 UTC"}
+    (record,) = _image_records(entry)
+    assert (record.name, record.id, record.size_mb, record.created) == (
+        "localhost/base:1", "d47c8b43891b", 224, "2026-12-03T11:40:36+00:00")
+    assert _image_records({**entry, "Size": "1.2GB"})[0].size_mb == 1144
+    assert _image_records({**entry, "Size": "?"})[0].size_mb == 0
