@@ -102,4 +102,7 @@ def when(value: datetime | None, precision: str = "seconds") -> str:
 @register.filter
 def mb_gib(value: float | None) -> str:
     """Megabytes (the agents' unit) as the pages show memory: GiB with one decimal and the unit."""
-    return "—" if value is None or value == "" else f"{float(value) / 1024:.1f} GiB"
+    if value is None or value == "":
+        return "—"
+    gib = float(value) / 1024
+    return f"{gib:.2f} GiB" if 0 < gib < 1 else f"{gib:.1f} GiB"
