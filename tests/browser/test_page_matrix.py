@@ -9,6 +9,7 @@ reported together, so one run shows everything that is wrong."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -81,6 +82,7 @@ class Visit:
 class World:
     users: dict[str, Any]
     visits: list[Visit] = field(default_factory=list)
+    urls: dict[str, str] = field(default_factory=dict)  # visit name -> its URL
 
 
 def _samples(gpus, now, minutes: int = 10) -> None:
@@ -185,7 +187,8 @@ def console(world) -> World:
         Visit("api-docs", "/api/docs/", everyone, full_page=False),
     ]
     users = {"admin": world.admin, "member": world.member, "noteam": world.noteam}
-    return World(users, [v for v in visits if _route_exists(v.url)])
+    visits = [v for v in visits if _route_exists(v.url)]
+    return World(users, visits, {v.name: v.url for v in visits})
 
 
 def _context(browser, live_server, user, viewport: dict, scheme: str):
@@ -250,3 +253,28 @@ def test_every_page_in_every_mode(console, persona, browser, live_server):
             context.close()
     assert not failures, f"{len(failures)} of {visited} visits failed:\n" + "\n".join(failures)
     assert visited >= 4 * 20
+
+
+def test_times_are_written_in_the_browsers_zone_24_hour_with_the_zone(console, browser, live_server):
+    """A browser in New York with a 12-hour locale: the pages' times (server-written and script-written alike) are
+    24-hour, in its zone, the zone said; the chart legends say the zone too."""
+    context = browser.new_context(viewport=VIEWPORTS["1280"], base_url=live_server.url, timezone_id="America/New_York",
+                                  locale="en-US")
+    client = Client()
+    client.force_login(console.users["member"])
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME,
+                          "value": client.cookies[settings.SESSION_COOKIE_NAME].value, "url": live_server.url}])
+    page = context.new_page()
+    shown = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d(:\d\d)? (EST|EDT)")
+    try:
+        page.goto(console.urls["job-running"])
+        texts = page.locator("time[data-when]").all_inner_texts()
+        assert len(texts) >= 3 and all(shown.fullmatch(t) for t in texts), texts
+        page.locator("#gpu-charts .u-legend").first.wait_for()
+        assert "America/New_York" in page.locator("#gpu-charts .u-legend").first.inner_text()
+        assert page.evaluate("GC.when(Date.UTC(2026, 11, 3, 18, 4, 5))") == "2026-12-03 13:04:05 EST"
+        page.goto(console.urls["service"])
+        page.locator("#live-status[data-state='live']").wait_for()
+        assert shown.search(page.locator("#live-status").inner_text())
+    finally:
+        context.close()
