@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.template import loader
 from django.test import Client
 from django.urls import Resolver404, resolve
 from django.utils import timezone
@@ -43,6 +44,9 @@ SHOTS = ARTIFACTS / "matrix"
 # Console errors that say nothing about the page: the test's live server is WSGI and serves no websockets, so the
 # pages' live connections fail and retry (they say so on the page, which is what is checked elsewhere).
 IGNORED_CONSOLE = ("WebSocket connection to",)
+# The console's 500 page, as Django's server_error view renders it, answered at this address (no view fails on
+# purpose): its stylesheet comes from the live server as on any page.
+SERVER_ERROR = "/__server-error__/"
 
 OVERFLOW = """() => {
     const s = document.scrollingElement;
@@ -208,16 +212,20 @@ def console(world) -> World:
         Visit("password-done", "/accounts/password_change/done/", everyone),
         Visit("login", "/accounts/login/", everyone),
         Visit("not-found", "/no-such-page/", dict.fromkeys(PERSONAS, 404)),
+        Visit("server-error", SERVER_ERROR, dict.fromkeys(PERSONAS, 500)),
         Visit("api-docs", "/api/docs/", everyone, full_page=False),
     ]
     users = {"admin": world.admin, "member": world.member, "noteam": world.noteam}
-    visits = [v for v in visits if _route_exists(v.url)]
+    visits = [v for v in visits if v.url == SERVER_ERROR or _route_exists(v.url)]
     return World(users, visits, {v.name: v.url for v in visits})
 
 
 def _context(browser, live_server, user, viewport: dict, scheme: str):
     context = browser.new_context(viewport=viewport, color_scheme=scheme, base_url=live_server.url)
     context.set_default_timeout(30_000)  # a busy machine: only "never" fails
+    error_page = loader.get_template("500.html").render()
+    context.route(f"**{SERVER_ERROR}", lambda route: route.fulfill(status=500, body=error_page,
+                                                                   content_type="text/html; charset=utf-8"))
     client = Client()
     client.force_login(user)
     context.add_cookies([{"name": settings.SESSION_COOKIE_NAME,
