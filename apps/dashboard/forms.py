@@ -174,7 +174,7 @@ class JobSubmitForm(forms.Form):
                 self.add_error("command", "Give the command to run.")
             if data.get("params"):
                 self.add_error("params", "Parameters apply to built-in workloads only.")
-        if not self.errors:
+        if data is not None and not self.errors:
             self._api_check(data)
         return data
 
