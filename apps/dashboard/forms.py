@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import shlex
 from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -15,6 +16,7 @@ from apps.cluster.selectors import known_gpu_types
 from apps.core.parsers import JSONTooDeep, loads_bounded
 from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_STEPS, Job
+from apps.jobs.serializers import JobSubmitSerializer
 from apps.jobs.services import JobSpec
 from apps.jobs.workload_shape import MAX_PARAMS_DEPTH
 from apps.quotas.models import Priority
@@ -71,7 +73,11 @@ class JobSubmitForm(forms.Form):
     name = forms.CharField(max_length=200)
     team = forms.ChoiceField()
     kind = forms.ChoiceField(choices=Job.Kind.choices, initial=Job.Kind.TRAIN)
-    gpus = forms.IntegerField(min_value=1, max_value=4096, initial=1, label="GPUs")
+    gpus = forms.DecimalField(min_value=Decimal("0.01"), max_value=4096, max_digits=6, decimal_places=2, initial=1,
+                              label="GPUs", help_text="Whole GPUs, or a fraction of one GPU (0.25, 0.5) to share it.")
+    gpu_memory_gb = forms.FloatField(required=False, label="Memory on the GPU (GiB)",
+                                     help_text="Instead of a fraction: the job shares one GPU, its share following "
+                                               "from this memory.")
     gpu_type = forms.ChoiceField(required=False, label="GPU type")
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
     preset = forms.ChoiceField(required=False, help_text="Blank: baseline-fp32 for training, infer-fp32 for inference.")
@@ -79,7 +85,7 @@ class JobSubmitForm(forms.Form):
         choices=[(WORKLOAD_BUILTIN, "built-in workload"), (WORKLOAD_COMMAND, "command")],
         initial=WORKLOAD_BUILTIN, widget=forms.RadioSelect, label="Run",
     )
-    builtin = forms.ChoiceField(required=False, label="Built-in workload")
+    builtin = forms.ChoiceField(required=False, label="Built-in workload", initial="mlp-digits")
     params = forms.CharField(
         required=False, label="Workload parameters (JSON object)", widget=forms.Textarea(attrs={"rows": 3}),
         help_text='For example {"epochs": 2, "hidden": 128}.',
@@ -97,6 +103,10 @@ class JobSubmitForm(forms.Form):
     shareable = forms.BooleanField(required=False, label="Shareable",
                                    help_text="A one-GPU job that may share its GPU with another shareable job when "
                                              "both are measured to leave it mostly idle.")
+    cpus = forms.FloatField(required=False, label="CPUs",
+                            help_text="CPUs the job may use (may be fractional). Blank: the per-GPU default.")
+    memory_gb = forms.FloatField(required=False, label="Host memory (GiB)",
+                                 help_text="Past it the job fails as out of memory. Blank: the per-GPU default.")
     # The job's environment (issue 16): checked by job_submit as for the API.
     image = forms.CharField(required=False, strip=True, label="Image",
                             help_text="An OCI image to run in, e.g. registry.example.org/team/train:1.2 (blank: "
@@ -112,7 +122,8 @@ class JobSubmitForm(forms.Form):
     git_url = forms.CharField(required=False, label="Git repository", help_text="https://, ssh:// or git:// URL.")
     git_ref = forms.CharField(required=False, label="Git ref",
                               help_text="Branch, tag or 40-hex commit (blank: HEAD); the commit is recorded.")
-    shm_gb = forms.FloatField(required=False, min_value=0.001, max_value=MAX_SHM_GB, label="/dev/shm (GB)")
+    shm_gb = forms.FloatField(required=False, min_value=0.001, max_value=MAX_SHM_GB, label="/dev/shm (GiB)",
+                              help_text="Counts against the host memory.")
 
     def __init__(self, *args: Any, teams: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -166,22 +177,38 @@ class JobSubmitForm(forms.Form):
                 self.add_error("command", "Give the command to run.")
             if data.get("params"):
                 self.add_error("params", "Parameters apply to built-in workloads only.")
+        if data is not None and not self.errors:
+            self._api_check(data)
         return data
 
-    def spec(self) -> JobSpec:
-        data = self.cleaned_data
+    def _api_check(self, data: dict[str, Any]) -> None:
+        """The request the API would get, checked by the API's own serializer (GPU fractions, memory on one GPU,
+        CPU and memory bounds, ...): the form takes what the API takes, and refuses it the same way."""
         if data["workload_mode"] == WORKLOAD_BUILTIN:
             workload: dict[str, Any] = {"builtin": data["builtin"], "params": data.get("params") or {}}
         else:
             workload = {"command": data["command"]}
-        return JobSpec(
-            name=data["name"], kind=data["kind"], gpus=data["gpus"], workload=workload, team=data["team"],
-            gpu_type=data.get("gpu_type") or None, priority=data["priority"], preset=data.get("preset") or None,
-            max_steps=data.get("max_steps"), time_limit_minutes=data.get("time_limit_minutes"),
-            max_retries=data.get("max_retries") or 0, shareable=True if data.get("shareable") else None,
-            image=data.get("image") or "", env=data.get("env") or {}, secrets=data.get("secrets") or [],
-            mounts=data.get("mounts") or [], code=self._code(data), shm_gb=data.get("shm_gb"),
-        )
+        request: dict[str, Any] = {
+            "name": data["name"], "team": data["team"], "kind": data["kind"], "gpus": data["gpus"],
+            "gpu_memory_gb": data.get("gpu_memory_gb"), "gpu_type": data.get("gpu_type") or "",
+            "priority": data["priority"], "workload": workload, "max_steps": data.get("max_steps"),
+            "max_retries": data.get("max_retries") or 0, "cpus": data.get("cpus"), "memory_gb": data.get("memory_gb"),
+            "image": data.get("image") or "", "env": data.get("env") or {}, "secrets": data.get("secrets") or [],
+            "mounts": data.get("mounts") or [], "shm_gb": data.get("shm_gb"),
+        }
+        for optional, value in (("preset", data.get("preset")), ("time_limit_minutes", data.get("time_limit_minutes")),
+                                ("code", self._code(data)), ("shareable", data.get("shareable"))):
+            if value:
+                request[optional] = value
+        serializer = JobSubmitSerializer(data=request)
+        if serializer.is_valid():
+            self._spec_fields = serializer.to_spec_fields()
+        else:
+            self.add_spec_errors(serializer.errors)
+
+    def spec(self) -> JobSpec:
+        """The job to submit (after is_valid()): the API's serializer made it from the form's fields."""
+        return JobSpec(**self._spec_fields)
 
     @staticmethod
     def _code(data: dict[str, Any]) -> dict[str, Any] | None:

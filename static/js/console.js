@@ -101,6 +101,43 @@
 
   function tick(v) { return v === 0 ? "0" : fmt(v); }
 
+  /* Every time a page shows, one way (the template filter `when` in apps/dashboard/templatetags/console.py):
+     24-hour, in the browser's time zone, the zone said: "2026-12-03 11:30:05 UTC". `at`: a Date, epoch ms, or an ISO
+     string; precision "seconds" (default) or "minutes". */
+  var ZONE_SHORT = (function () {
+    try {
+      var parts = new Intl.DateTimeFormat("en-US", { timeZoneName: "short" }).formatToParts(new Date());
+      for (var i = 0; i < parts.length; i++) { if (parts[i].type === "timeZoneName") { return parts[i].value; } }
+    } catch (e) { /* an old browser: the offset below */ }
+    return null;
+  })();
+  function zoneName(d) {
+    if (ZONE_SHORT) { return ZONE_SHORT; }
+    var off = -d.getTimezoneOffset(), a = Math.abs(off);
+    return off === 0 ? "UTC" : "UTC" + (off > 0 ? "+" : "-") + two(Math.floor(a / 60)) + (a % 60 ? ":" + two(a % 60) : "");
+  }
+  function when(at, precision) {
+    if (at === null || at === undefined || at === "") { return "—"; }
+    var d = at instanceof Date ? at : new Date(at);
+    if (isNaN(d.getTime())) { return String(at); }
+    var text = d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " + two(d.getHours()) + ":"
+      + two(d.getMinutes()) + (precision === "minutes" ? "" : ":" + two(d.getSeconds()));
+    return text + " " + zoneName(d);
+  }
+  /* The server writes times in its own zone; the page shows them in the browser's, as its script writes new ones. */
+  function localizeTimes(root) {
+    var els = (root || document).querySelectorAll("time[data-when]");
+    for (var i = 0; i < els.length; i++) {
+      var el = els[i], text = when(el.getAttribute("datetime"), el.getAttribute("data-when"));
+      if (el.textContent !== text) { el.textContent = text; }
+    }
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { localizeTimes(); });
+  } else {
+    localizeTimes();
+  }
+
   /* A value axis as wide as its longest label. */
   function axisSize(u, values) {
     var longest = 0;
@@ -417,5 +454,5 @@
   });
 
   window.GC = { Ring: Ring, drawLines: drawLines, drawStackedBars: drawStackedBars, connect: connect, toast: toast, alertToast: alertToast,
-    jsonData: jsonData, reading: reading, fmt: fmt };
+    jsonData: jsonData, reading: reading, fmt: fmt, when: when, localizeTimes: localizeTimes };
 })();

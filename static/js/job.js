@@ -8,8 +8,11 @@
   var history = GC.jsonData("gpu-history") || {};
   var MAX_LOG_CHARS = 200000;
   var LIVE_POINTS = 3600;
-  var METRICS = [["util", "Utilization (%)", 1, 0, 100], ["mem", "Memory used (MB)", 2], ["temp", "Temperature (°C)", 3],
-    ["power", "Power (W)", 4]];
+  /* [key, caption, column of the history rows, min, max, unit, scale]: memory in GiB, as everywhere on the pages */
+  var GIB = 1 / 1024;
+  var METRICS = [["util", "Utilization (%)", 1, 0, 100, " %"], ["mem", "Memory used (GiB)", 2, 0, undefined, " GiB", GIB],
+    ["temp", "Temperature (°C)", 3, undefined, undefined, " °C"], ["power", "Power (W)", 4, 0, undefined, " W"]];
+  function scaled(m, v) { return v === null || v === undefined || !m[6] ? v : v * m[6]; }
   var FINAL = ["succeeded", "failed", "cancelled"];
 
   /* GPU charts: one canvas per metric, one line per GPU. GPUs placed after page load are added as they appear. */
@@ -25,7 +28,7 @@
     var points = history[u] || [];
     METRICS.forEach(function (m) {
       var ring = new GC.Ring(points.length + LIVE_POINTS);
-      points.forEach(function (p) { ring.push(p[0], p[m[2]]); });
+      points.forEach(function (p) { ring.push(p[0], scaled(m, p[m[2]])); });
       gpuRings[m[0]][u] = ring;
       if (!box) { return; }
       if (!charts[m[0]]) {
@@ -50,7 +53,7 @@
     METRICS.forEach(function (m) {
       if (!charts[m[0]]) { return; }
       var rings = uuids.map(function (u) { return gpuRings[m[0]][u]; });
-      GC.drawLines(charts[m[0]], rings, { axis: true, min: m[3], max: m[4], labels: uuids.map(gpuLabel) });
+      GC.drawLines(charts[m[0]], rings, { axis: true, min: m[3], max: m[4], unit: m[5], labels: uuids.map(gpuLabel) });
     });
   }
 
@@ -157,7 +160,7 @@
       .then(function () { fetching = false; });
   }
 
-  function when(iso) { return iso ? iso.replace("T", " ").slice(0, 19) : "—"; }
+  function when(iso) { return iso ? GC.when(iso) : "—"; } /* 24-hour, with its zone (console.js) */
   function setText(id, text) {
     var el = document.getElementById(id);
     if (el && el.textContent !== text) { el.textContent = text; }
@@ -169,7 +172,8 @@
     var time = document.createElement("time");
     var now = new Date();
     time.setAttribute("datetime", now.toISOString());
-    time.textContent = when(now.toISOString());
+    time.setAttribute("data-when", "seconds");
+    time.textContent = GC.when(now);
     var chip = document.createElement("span");
     chip.className = "state state-" + to;
     chip.textContent = (from || "new") + " → " + to;
@@ -226,7 +230,7 @@
       }
       var t = g.ts || msg.ts;
       gpuRings.util[g.uuid].push(t, g.utilization_pct);
-      gpuRings.mem[g.uuid].push(t, g.memory_used_mb);
+      gpuRings.mem[g.uuid].push(t, scaled(METRICS[1], g.memory_used_mb));
       gpuRings.temp[g.uuid].push(t, g.temperature_c);
       gpuRings.power[g.uuid].push(t, g.power_w);
     });

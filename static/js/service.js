@@ -107,7 +107,8 @@
       li.dataset.id = e.id;
       var time = document.createElement("time");
       time.setAttribute("datetime", e.created_at);
-      time.textContent = e.created_at.replace("T", " ").slice(0, 19);
+      time.setAttribute("data-when", "seconds");
+      time.textContent = GC.when(e.created_at);
       var chip = document.createElement("span");
       chip.className = "chip";
       chip.textContent = e.kind;
@@ -136,7 +137,7 @@
       .then(function (s) {
         failures = 0;
         apply(s);
-        status("live", "Live · updated " + new Date().toLocaleTimeString());
+        status("live", "Live · updated " + GC.when(new Date()));
         if (wantEvents) {
           return fetchJson("/api/v1/services/" + live.service + "/events/?page=last&page_size=100")
             .then(function (body) { addEvents(body.results || []); });

@@ -40,7 +40,7 @@ def test_the_job_page_embeds_stored_metrics_progress_eta_and_the_gpu_summary(wor
     assert '<span id="job-progress">25.0 % (50 of 200 steps)</span>' in html
     assert '<span id="job-eta">about 30 s left</span>' in html  # 150 steps at 5 steps/s
     assert '<dd id="gpu-util-mean">75.0 %</dd>' in html and '<dd id="gpu-util-max">90.0 %</dd>' in html
-    assert '<dd id="gpu-mem-max">2048 MB</dd>' in html and '<dd id="gpu-energy">2.0 Wh</dd>' in html
+    assert '<dd id="gpu-mem-max">2.0 GiB</dd>' in html and '<dd id="gpu-energy">2.0 Wh</dd>' in html
 
 
 def test_the_gpu_summary_is_served_to_those_who_see_the_job(world, client_for):

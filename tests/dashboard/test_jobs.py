@@ -45,7 +45,7 @@ def test_command_is_split_shell_like_or_one_argument_per_line(world, web, text, 
 @pytest.mark.parametrize(
     ("overrides", "field", "fragment"),
     [
-        ({"gpus": "0"}, "gpus", "greater than or equal to 1"),
+        ({"gpus": "0"}, "gpus", "greater than or equal to 0.01"),
         ({"gpus": "9"}, "gpus", "at most 8 GPUs"),  # job_submit's quota check
         ({"gpu_type": "B300"}, "gpu_type", "valid choice"),
         ({"priority": "high"}, "priority", "Only managers"),  # JobSpecError from the service

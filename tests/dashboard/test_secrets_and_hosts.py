@@ -68,7 +68,7 @@ def test_the_host_page_shows_the_runtime_and_the_cached_images(world, web):
     Host.objects.filter(name="node-a").update(runtime="podman", cached_images=[
         {"name": "localhost/torch:2.13", "id": "sha256:" + "b" * 64, "size_mb": 4100, "created": "2026-12-02"}])
     html = web(world.member).get("/hosts/node-a/").content.decode()
-    assert "in podman containers" in html and "localhost/torch:2.13" in html and "4100 MiB" in html
+    assert "in podman containers" in html and "localhost/torch:2.13" in html and "4.0 GiB" in html
     plain = web(world.member).get("/hosts/node-b/").content.decode()
     assert "as processes on the host" in plain and "keeps no images" in plain
     home = web(world.member).get("/").content.decode()

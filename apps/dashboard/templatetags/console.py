@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django import template
+from django.utils import timezone
+from django.utils.html import format_html
 
 register = template.Library()
 
@@ -75,3 +79,30 @@ def duration(seconds: float | None) -> str:
     if seconds < 5400:
         return f"{round(seconds / 60)} min"
     return f"{seconds / 3600:.1f} h"
+
+
+WHEN_FORMATS = {"seconds": "%Y-%m-%d %H:%M:%S", "minutes": "%Y-%m-%d %H:%M"}
+
+
+@register.filter
+def when(value: datetime | None, precision: str = "seconds") -> str:
+    """Every time a page shows, one way: 24-hour, with its zone ("2026-12-03 11:30:05 UTC", in the console's
+    TIME_ZONE), in a <time> element carrying the instant; the pages' script (GC.when in static/js/console.js) writes
+    it again in the browser's own zone, the same way. None: "" (so `|default:"never"` applies)."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, datetime):
+        return str(value)
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    fmt = WHEN_FORMATS.get(precision, WHEN_FORMATS["seconds"])
+    text = f"{local.strftime(fmt)} {local.tzname() or ''}".strip()
+    return format_html('<time datetime="{}" data-when="{}">{}</time>', value.isoformat(), precision, text)
+
+
+@register.filter
+def mb_gib(value: float | None) -> str:
+    """Megabytes (the agents' unit) as the pages show memory: GiB with one decimal and the unit."""
+    if value is None or value == "":
+        return "—"
+    gib = float(value) / 1024
+    return f"{gib:.2f} GiB" if 0 < gib < 1 else f"{gib:.1f} GiB"
