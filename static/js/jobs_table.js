@@ -65,6 +65,7 @@
     var keep = selected();
     var focused = document.activeElement && tbody.contains(document.activeElement) ? document.activeElement.id : null;
     tbody.innerHTML = data.rows;
+    if (window.GC && GC.localizeTimes) { GC.localizeTimes(tbody); }  // the rows' times in the browser's zone
     tbody.querySelectorAll('input[name="ids"]').forEach(function (box) { if (keep[box.value]) { box.checked = true; } });
     if (focused) { var el = document.getElementById(focused); if (el) { el.focus(); } }
     if (summary && data.summary !== undefined && summary.textContent !== data.summary) { summary.textContent = data.summary; }
