@@ -21,6 +21,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "integration-admin-pass-42"
+# How long a request to the live console may go unanswered: every client of these tests, the token requests too
+# (httpx's default of 5 s is shorter than a token request takes on a loaded 2-core machine: the password's
+# PBKDF2 alone is seconds of CPU there, and a login timed out this way in a CI rehearsal).
+REQUEST_TIMEOUT_S = 30
 
 
 def free_port() -> int:
@@ -249,9 +253,10 @@ class LiveCluster:
         tmp.replace(path)
 
     def user_client(self, username: str, password: str) -> httpx.Client:
-        token = httpx.post(f"{self.url}/api/v1/auth/token/",
-                           json={"username": username, "password": password, "name": "it"}).json()["token"]
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        token = httpx.post(f"{self.url}/api/v1/auth/token/", json={"username": username, "password": password,
+                                                                   "name": "it"}, timeout=REQUEST_TIMEOUT_S).json()["token"]
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+                            timeout=REQUEST_TIMEOUT_S)
 
     def ws_url(self, path: str, client: httpx.Client) -> str:
         ticket = client.post("/api/v1/ws-ticket/").json()["ticket"]
@@ -267,15 +272,16 @@ class LiveCluster:
     def admin(self) -> httpx.Client:
         if not hasattr(self, "_admin"):
             self.wait_for(self._server_answers, timeout=60, what="the console to answer")
-            token = httpx.post(f"{self.url}/api/v1/auth/token/",
-                               json={"username": "admin", "password": ADMIN_PASSWORD, "name": "it"}).json()["token"]
+            token = httpx.post(f"{self.url}/api/v1/auth/token/", json={
+                "username": "admin", "password": ADMIN_PASSWORD, "name": "it"}, timeout=REQUEST_TIMEOUT_S).json()["token"]
             self.admin_token = token
-            self._admin = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            self._admin = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+                                       timeout=REQUEST_TIMEOUT_S)
         return self._admin
 
     def browser(self) -> httpx.Client:
         """A logged-in browser: the admin's session cookie, for the pages."""
-        browser = httpx.Client(base_url=self.url, timeout=15)
+        browser = httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S)
         browser.get("/accounts/login/")
         response = browser.post("/accounts/login/", data={
             "username": "admin", "password": ADMIN_PASSWORD, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
