@@ -209,6 +209,9 @@ IDLE_RELEASE_GRACE_S = env_int("CONSOLE_IDLE_RELEASE_GRACE_S", 600, minimum=0)
 # restarted without persistence): it is sent again. The agent ignores a copy of a job it already runs.
 JOBS_REDISPATCH_AFTER_S = env_int("CONSOLE_REDISPATCH_AFTER_S", 60, minimum=5)
 SERVING_RECONCILE_S = env_int("CONSOLE_SERVING_RECONCILE_S", 3, minimum=1)
+# A service scales down only when this long has passed since its last change (the autoscaler's stabilization window,
+# apps.scheduling.autoscale.ScalingRules.down_stabilization_s).
+SERVING_SCALE_DOWN_AFTER_S = env_int("CONSOLE_SERVING_SCALE_DOWN_AFTER_S", 60, minimum=1)
 TELEMETRY_KEEP_10S_HOURS = env_int("CONSOLE_TELEMETRY_KEEP_10S_HOURS", 24, minimum=1)
 TELEMETRY_KEEP_1M_DAYS = env_int("CONSOLE_TELEMETRY_KEEP_1M_DAYS", 31, minimum=1)
 # How often the cluster's snapshot (GPU counts, team allocation, queue and waits) is written; 10 s matches the

@@ -35,7 +35,7 @@ from apps.jobs.errors import JobPermissionError, JobSpecError
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.services import JobSpec, job_release, job_submit
 from apps.jobs.workload_shape import checked_workload
-from apps.scheduling.autoscale import MeasuredLoad, ScalingTargets, decide_replicas
+from apps.scheduling.autoscale import MeasuredLoad, ScalingRules, ScalingTargets, decide_replicas
 from apps.serving.models import InferenceService, ServiceEvent, ServiceReplica
 from apps.serving.replica_auth import replica_headers, replica_url
 from workers.runtime.artifacts import safe_job_id, safe_relpath
@@ -348,7 +348,8 @@ def autoscale_decision(service: InferenceService, summary: dict[str, Any], now: 
                         window_requests=summary.get("window_requests", 0), p95_ms=summary["p95_ms"],
                         queue_depth=summary["queue_depth"])
     last = service.last_scaled_at.timestamp() if service.last_scaled_at else float("-inf")
-    return decide_replicas(service.desired_replicas, targets, load, now - last)
+    return decide_replicas(service.desired_replicas, targets, load, now - last,
+                           ScalingRules(down_stabilization_s=float(settings.SERVING_SCALE_DOWN_AFTER_S)))
 
 
 def reconcile_all(*, observe: Observer | None = None) -> int:

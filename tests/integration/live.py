@@ -21,6 +21,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "integration-admin-pass-42"
+# How long a request to the live console may go unanswered: every client of these tests, the token requests too
+# (httpx's default of 5 s is shorter than a token request takes on a loaded 2-core machine: the password's
+# PBKDF2 alone is seconds of CPU there, and a login timed out this way in a CI rehearsal).
+REQUEST_TIMEOUT_S = 30
 
 
 def free_port() -> int:
@@ -79,15 +83,42 @@ def worker_suffix() -> str:
     return f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
 
 
-def _fresh_postgres(url: str, name: str) -> str:
+def _fresh_postgres(url: str, name: str, template: str | None = None) -> str:
+    """An empty database `name` on the server of `url`, or a copy of `template` (PostgreSQL copies it file by
+    file: much faster than migrating again)."""
     import psycopg
 
     parsed = urlparse(url)
     admin = parsed._replace(path="/postgres").geturl()
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     return parsed._replace(path=f"/{name}").geturl()
+
+
+# The database every live cluster of this test process starts from, migrated by the first one: a PostgreSQL
+# database to copy (CREATE DATABASE ... TEMPLATE) per server, or a SQLite file. Made afresh in each test run, so
+# it always has this checkout's migrations.
+_TEMPLATES: dict[str, str] = {}
+
+
+def _sqlite_copy(source: str, target: Path) -> None:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
+# bootstrap_console and one issue_host_token per agent in one process (each manage.py call starts Django anew).
+_BOOTSTRAP = """
+import sys
+import django
+django.setup()
+from django.core.management import call_command
+call_command("bootstrap_console", agent_host="", demo_team="")
+for name, path in zip(sys.argv[1::2], sys.argv[2::2]):
+    call_command("issue_host_token", name, output=path)
+"""
 
 
 def _fresh_redis(url: str, db: int) -> str:
@@ -131,9 +162,12 @@ class LiveCluster:
         )
         env.update(self.extra_env)
         if env.get("DATABASE_URL", "").startswith("postgres"):
-            env["DATABASE_URL"] = _fresh_postgres(env["DATABASE_URL"], f"console_integration{worker_suffix()}")
+            template = self._migrated_template(env)
+            env["DATABASE_URL"] = _fresh_postgres(env["DATABASE_URL"], f"console_integration{worker_suffix()}",
+                                                  template=template)
         else:
             env.pop("DATABASE_URL", None)
+            _sqlite_copy(self._migrated_template(env), var / "db.sqlite3")
         if env.get("CELERY_BROKER_URL", "").startswith("redis"):
             env["CELERY_BROKER_URL"] = _fresh_redis(env["CELERY_BROKER_URL"], live_redis_dbs()[0])
         else:
@@ -141,16 +175,39 @@ class LiveCluster:
         if env.get("REDIS_URL"):
             env["REDIS_URL"] = _fresh_redis(env["REDIS_URL"], live_redis_dbs()[1])
         self.env = env
-        self.manage("migrate", "--noinput")
-        self.manage("bootstrap_console", "--agent-host", "", "--demo-team", "")
-        for name in self.agents:
-            self.manage("issue_host_token", name, "--output", str(var / f"token-{name}"))
+        tokens = [str(part) for name in self.agents for part in (name, var / f"token-{name}")]
+        self._python("bootstrap", ["-c", _BOOTSTRAP, *tokens], env)
+
+    def _migrated_template(self, env: dict[str, str]) -> str:
+        """The template database for this cluster's database server, migrated by the first cluster that needs it."""
+        url = env.get("DATABASE_URL", "")
+        key = urlparse(url)._replace(path="").geturl() if url else "sqlite"
+        if key not in _TEMPLATES:
+            if url:
+                name = f"console_integration_template{worker_suffix()}"
+                self._python("migrate", ["manage.py", "migrate", "--noinput"],
+                             {**env, "DATABASE_URL": _fresh_postgres(url, name)})
+                _TEMPLATES[key] = name
+            else:
+                import atexit
+                import shutil
+                import tempfile
+
+                folder = tempfile.mkdtemp(prefix="console-live-template-")
+                atexit.register(shutil.rmtree, folder, ignore_errors=True)
+                self._python("migrate", ["manage.py", "migrate", "--noinput"], {**env, "CONSOLE_VAR_DIR": folder})
+                _TEMPLATES[key] = str(Path(folder) / "db.sqlite3")
+        return _TEMPLATES[key]
 
     def manage(self, *args: str) -> str:
-        result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
-                                text=True, timeout=300)
+        return self._python(f"manage.py {' '.join(args)}", ["manage.py", *args], self.env)
+
+    @staticmethod
+    def _python(what: str, args: list[str], env: dict[str, str]) -> str:
+        result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=300)
         if result.returncode != 0:
-            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+            raise RuntimeError(f"{what} failed:\n{result.stderr[-3000:]}")
         return result.stdout
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -196,9 +253,10 @@ class LiveCluster:
         tmp.replace(path)
 
     def user_client(self, username: str, password: str) -> httpx.Client:
-        token = httpx.post(f"{self.url}/api/v1/auth/token/",
-                           json={"username": username, "password": password, "name": "it"}).json()["token"]
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        token = httpx.post(f"{self.url}/api/v1/auth/token/", json={"username": username, "password": password,
+                                                                   "name": "it"}, timeout=REQUEST_TIMEOUT_S).json()["token"]
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+                            timeout=REQUEST_TIMEOUT_S)
 
     def ws_url(self, path: str, client: httpx.Client) -> str:
         ticket = client.post("/api/v1/ws-ticket/").json()["ticket"]
@@ -214,15 +272,16 @@ class LiveCluster:
     def admin(self) -> httpx.Client:
         if not hasattr(self, "_admin"):
             self.wait_for(self._server_answers, timeout=60, what="the console to answer")
-            token = httpx.post(f"{self.url}/api/v1/auth/token/",
-                               json={"username": "admin", "password": ADMIN_PASSWORD, "name": "it"}).json()["token"]
+            token = httpx.post(f"{self.url}/api/v1/auth/token/", json={
+                "username": "admin", "password": ADMIN_PASSWORD, "name": "it"}, timeout=REQUEST_TIMEOUT_S).json()["token"]
             self.admin_token = token
-            self._admin = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            self._admin = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
+                                       timeout=REQUEST_TIMEOUT_S)
         return self._admin
 
     def browser(self) -> httpx.Client:
         """A logged-in browser: the admin's session cookie, for the pages."""
-        browser = httpx.Client(base_url=self.url, timeout=15)
+        browser = httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S)
         browser.get("/accounts/login/")
         response = browser.post("/accounts/login/", data={
             "username": "admin", "password": ADMIN_PASSWORD, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},

@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 
 from tests.integration.live import LiveCluster, create_team
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.real_backends]
 VICTIM, WITNESS = "hl-a", "hl-b"
 SLEEPER = [sys.executable, str(Path(__file__).parent / "scripts" / "show_env.py"), "600"]
 

@@ -20,7 +20,8 @@ PASSWORD = "a-long-pass-for-tests-9"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     live = LiveCluster(tmp_path_factory.mktemp("serving"), agents={"sv-a": "2xA100", "sv-b": "2xA100"})
-    live.extra_env = {"CONSOLE_SERVING_RECONCILE_S": "1"}
+    # Reconcile every second; scale down 20 s after the last change instead of 60 (the rule is the same).
+    live.extra_env = {"CONSOLE_SERVING_RECONCILE_S": "1", "CONSOLE_SERVING_SCALE_DOWN_AFTER_S": "20"}
     try:
         live.start()
         admin = live.admin()
@@ -123,7 +124,7 @@ def test_train_deploy_predict_scale_survive_and_delete(cluster):
         for worker in workers:
             worker.join(timeout=30)
     assert failures == []
-    # Down only after the scale-down window (60 s after the last change), every replica ready.
+    # Down only after the scale-down window (20 s after the last change here), every replica ready.
     cluster.wait_for(lambda: service_detail(cluster, service["id"])["desired_replicas"] == 1, timeout=180,
                      what="a scale-down when idle")
     events = cluster.mona.get(f"/api/v1/services/{service['id']}/events/").json()["results"]

@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 from tests.integration.live import LiveCluster, create_team, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.real_backends]
 SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
 PASSWORD = "a-long-pass-for-tests-9"
