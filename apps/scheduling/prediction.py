@@ -67,8 +67,8 @@ MIN_SIGMA = 0.05
 @dataclass(frozen=True, slots=True)
 class ServiceQueue:
     """One attained-service queue: jobs that have received at least `floor` GPU-seconds (and less than the next
-    queue's floor), and the remaining GPU-time that finished jobs past `floor` still needed: median of its log
-    and that log's spread."""
+    queue's floor). `log_remaining`: log of what a job there is worth ordering by (gittins_remaining of what finished
+    jobs past `floor` still needed); `sigma`: the spread of the log of those needs."""
 
     floor: float
     log_remaining: float
@@ -83,7 +83,7 @@ def _log_spread(logs: list[float]) -> float:
 
 
 def learn_queues(services: list[float], quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
-    """Queues with floors at `quantiles` of the finished jobs' GPU-time (sorted `services`), each with the
+    """Queues with floors at `quantiles` of the finished jobs' GPU-time (sorted `services`), each valued by the
     remaining GPU-time its finished jobs needed past its floor. Before MIN_SERVICE_HISTORY runs: Tiresias'
     thresholds, each queue expected to need up to the next one (4x the last for the last)."""
     if len(services) < MIN_SERVICE_HISTORY:
@@ -101,11 +101,27 @@ def learn_queues(services: list[float], quantiles: tuple[float, ...]) -> tuple[S
             floors.append(floor)
     queues = []
     for floor in floors:
-        logs = [math.log(max(s - floor, 1.0)) for s in services[bisect_right(services, floor):]]
-        if len(logs) < 2:
+        left = [max(s - floor, 1.0) for s in services[bisect_right(services, floor):]]
+        if len(left) < 2:
             break
-        queues.append(ServiceQueue(floor, median(logs), _log_spread(logs)))
+        logs = [math.log(x) for x in left]
+        queues.append(ServiceQueue(floor, math.log(gittins_remaining(left)), _log_spread(logs)))
     return tuple(queues)
+
+
+
+def gittins_remaining(left: list[float]) -> float:
+    """The inverse Gittins index of a job known only to need one of `left` (sorted, ascending) more: the least,
+    over a further quantum q, of the GPU-time expected to be spent in q over the chance of finishing within it.
+    Ordering by it (least first) minimizes mean completion time for jobs of unknown size (Gittins, 1989)."""
+    n = len(left)
+    spent = 0.0
+    best = math.inf
+    for k, x in enumerate(left, start=1):
+        spent += x
+        # quantum up to the k-th residual: jobs finishing within it spend their own, the others all of x
+        best = min(best, (spent + x * (n - k)) / k)
+    return best
 
 
 _Group = deque[FinishedRun]
