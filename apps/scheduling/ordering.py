@@ -61,6 +61,9 @@ def aging_boost(submitted_at: float, now: float, aging_s: float) -> float:
 
 # The attained-service queues' floors, as quantiles of the GPU-time of the cluster's finished jobs.
 SERVICE_QUANTILES = (0.25, 0.5, 0.75, 0.9)
+# A queue speaks of the whole cluster's jobs, never so surely of one job (the spread weighed is at least this):
+# a user with a good record who declares a job far larger than usual is believed.
+MIN_QUEUE_SIGMA = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,7 @@ def estimate_service(
     index = _queue_of(queues, attained)
     queue = queues[index]
     next_floor = queues[index + 1].floor if index + 1 < len(queues) else None
-    weight = 1.0 / queue.sigma**2
+    weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
     total = queue.log_remaining * weight
     step = job.observed_step_s
     if step is None and job.similarity_key is not None and job.declared_steps is not None:
