@@ -47,9 +47,6 @@ class PolicyConfig:
     # Half-life of usage decay (the console decays its own usage records; the simulator uses this).
     usage_half_life_s: float = 7 * DAY
 
-    # Attained-service queues: their floors are these quantiles of the GPU-time of finished jobs.
-    service_quantiles: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
-
     # Prediction: used when a job declares no steps, has no similar history and no time limit.
     default_runtime_s: float = 4 * HOUR
 

@@ -87,11 +87,11 @@ def learn_queues(services: list[float], quantiles: tuple[float, ...]) -> tuple[S
     remaining GPU-time its finished jobs needed past its floor. Before MIN_SERVICE_HISTORY runs: Tiresias'
     thresholds, each queue expected to need up to the next one (4x the last for the last)."""
     if len(services) < MIN_SERVICE_HISTORY:
-        floors = (0.0, *COLD_THRESHOLDS_GPU_S)
+        cold = (0.0, *COLD_THRESHOLDS_GPU_S)
         ceilings = (*COLD_THRESHOLDS_GPU_S, 4 * COLD_THRESHOLDS_GPU_S[-1])
         return tuple(
             ServiceQueue(floor, math.log(max(ceiling - floor, 1.0)), COLD_SIGMA)
-            for floor, ceiling in zip(floors, ceilings, strict=True)
+            for floor, ceiling in zip(cold, ceilings, strict=True)
         )
     n = len(services)
     floors = [0.0]

@@ -167,7 +167,7 @@ class ConsolePass:
             return penalty / boost
         service = self.service.get(job.job_id)
         if service is None:
-            service = estimate_service(job, self.now, self.snapshot.history, self.config.service_quantiles)
+            service = estimate_service(job, self.now, self.snapshot.history)
             self.service[job.job_id] = service
         return service.remaining_gpu_s * penalty / boost
 

@@ -69,7 +69,7 @@ def test_a_declaration_weighs_as_far_as_its_user_has_been_right():
     assert abs(math.log(wrong / 50_000)) > abs(math.log(honest / 50_000)) + 0.5
 
 
-def test_a_job_past_its_declaration_falls_back_on_attained_service():
+def test_a_job_past_its_declaration_still_needs_time():
     history = _history(1.0)
     job = running(1, (0,), declared_steps=100, steps_done=100, observed_step_s=1.0, started_at=0.0,
                   similarity_key="other")
