@@ -25,7 +25,7 @@ from apps.scheduling.prediction import (
 from apps.scheduling.preemption import protected_run_s
 from apps.scheduling.simulate import team_quotas
 from apps.scheduling.simulation import Simulator
-from apps.scheduling.trace import TraceJob, build_hosts, with_declarations
+from apps.scheduling.trace import TraceJob, build_hosts, load_trace, with_declarations
 from apps.scheduling.types import Snapshot
 
 from .helpers import pending, running
@@ -150,3 +150,23 @@ def test_no_starvation_a_long_gang_starts_under_a_stream_of_short_jobs(mode: str
     sim = Simulator(jobs, build_hosts(1, 2), lambda snap: schedule(snap, config), team_quotas(jobs, 2), config=config)
     gang_state = next(s for s in sim.run("console").jobs if s.trace.job_id == 0)
     assert gang_state.first_start is not None and gang_state.first_start < horizon
+
+
+def test_trace_declarations_column_and_modes(tmp_path):
+    header = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval,iteration_time,declared_iterations\n"
+    path = tmp_path / "t.csv"
+    path.write_text(header + "0,1,0,100,m,100000,0,1000,250\n1,1,0,100,m,100000,0,1000,\n")
+    jobs = load_trace(path, "muri")
+    assert [j.declared_steps for j in jobs] == [250, None] and [j.iterations for j in jobs] == [100, 100]
+    # Without the column every job declares its truth.
+    path.write_text(header.replace(",declared_iterations", "") + "0,1,0,100,m,100000,0,1000\n")
+    assert load_trace(path, "muri")[0].declared_steps == 100
+
+    many = [TraceJob(i, 1, 0.0, 10.0, "m", iterations=1000) for i in range(1000)]
+    assert all(j.declared_steps == 1000 for j in with_declarations(many, "exact"))
+    assert all(j.declared_steps is None for j in with_declarations(many, "none"))
+    partial = with_declarations(many, "partial", seed=1)
+    assert 0.25 < sum(j.declared_steps is None for j in partial) / len(many) < 0.35
+    assert partial == with_declarations(many, "partial", seed=1)  # seeded
+    noisy = [math.log(j.declared_steps / 1000) for j in with_declarations(many, "noisy")]  # type: ignore[operator]
+    assert 0.9 < math.sqrt(sum(x * x for x in noisy) / len(noisy)) < 1.1
