@@ -5,7 +5,13 @@ EstimateFigures): the median of |estimate - real start| / wait over the jobs tha
 that started within 25 % of their wait from the estimate.
 
     python benchmarks/scheduler.py [--traces-dir ../shared/traces] [--traces trace3,trace4,trace1]
+        [--declarations exact,noisy,partial,none] [--policies all|NAME,...] [--seed 0]
         [--runtime-model muri|duration] [--preempt-cost-s 30] [--passes 9] [--skip-traces]
+
+Each trace runs under every declaration mode (apps/scheduling/trace.py with_declarations: what jobs declare of
+their steps; the truth is unchanged): the policies that read declarations (fifo-backfill, console,
+console-share) once per mode, the others (oracles, Tiresias, fifo, fair-share) once per trace, repeated in each
+mode's table.
 
 The published numbers (Muri, NSDI'22 artifact, figures 9-10) come from the raw file next to the traces. Their
 simulator runs each job for iterations x iteration_time x 1.015 (`--runtime-model muri`, the default here);
@@ -29,7 +35,7 @@ from apps.scheduling.metrics import Summary  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
 from apps.scheduling.simulate import POLICY_NAMES, simulate  # noqa: E402
 from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
-from apps.scheduling.trace import load_trace  # noqa: E402
+from apps.scheduling.trace import DECLARATION_MODES, load_trace, with_declarations  # noqa: E402
 from apps.scheduling.usage import segment_gpu_seconds  # noqa: E402
 
 RAW_FILE = "published_raw_fig9-10_from_draw_fig9-10.py.txt"
@@ -44,6 +50,9 @@ RAW_SCHEDULERS = {
     "Muri_L": None,
 }
 METRICS = {"JCT": "avg_jct_h", "99JCT": "p99_jct_h", "Makespan": "makespan_h"}
+# Policies whose decisions do not depend on what jobs declare (oracles read the truth, Tiresias attained service,
+# fifo and fair-share neither): run once per trace.
+UNDECLARED_POLICIES = ("fifo", "sjf-oracle", "srtf-oracle", "srsf-oracle", "tiresias-2dlas", "fair-share")
 HOUR = 3600.0
 
 
@@ -71,60 +80,86 @@ def estimate_columns(summary: Summary) -> str:
     return f"{e.median_relative_error:>13.2f}{100 * e.within_25pct:>9.0f}%"
 
 
-def run_traces(traces_dir: Path, traces: list[str], runtime_model: str, preempt_cost_s: float) -> None:
+def run_traces(
+    traces_dir: Path,
+    traces: list[str],
+    runtime_model: str,
+    preempt_cost_s: float,
+    modes: list[str],
+    policies: list[str],
+    seed: int,
+) -> None:
     reference = published(traces_dir)
     for trace in traces:
-        jobs = load_trace(traces_dir / "muri" / f"{trace}.csv", "muri", runtime_model)
-        print(f"\n## {trace} ({len(jobs)} jobs, 8x8 GPUs, runtime model {runtime_model})")
-        results: dict[str, Summary] = {}
-        print(
-            f"{'policy':<16}{'avg JCT h':>10}{'(publ.)':>9}{'p99 h':>9}{'(publ.)':>9}{'makespan h':>11}"
-            f"{'(publ.)':>9}{'p50 h':>8}{'queue h':>9}{'util':>6}{'preempt':>8}{'sim s':>7}"
-            f"{'est err/wait':>13}{'est +-25%':>10}"
-        )
-        for name in POLICY_NAMES:
-            started = time.perf_counter()
-            summary = simulate(jobs, "8x8", name)
-            elapsed = time.perf_counter() - started
-            results[name] = summary
-            raw = next((k for k, v in RAW_SCHEDULERS.items() if v == name), None)
-
-            def ref(attribute: str, raw: str | None = raw, trace: str = trace) -> str:
-                value = reference.get((raw, attribute, trace)) if raw else None
-                return f"{value:>9.1f}" if value is not None else f"{'':>9}"
-
+        truth = load_trace(traces_dir / "muri" / f"{trace}.csv", "muri", runtime_model)
+        once: dict[str, tuple[Summary, float]] = {}
+        for mode in modes:
+            jobs = with_declarations(truth, mode, seed)
+            print(f"\n## {trace} ({len(jobs)} jobs, 8x8 GPUs, runtime model {runtime_model}, declarations {mode})")
             print(
-                f"{name:<16}{summary.avg_jct_h:>10.1f}{ref('avg_jct_h')}{summary.p99_jct_h:>9.1f}{ref('p99_jct_h')}"
-                f"{summary.makespan_h:>11.1f}{ref('makespan_h')}{summary.p50_jct_h:>8.1f}"
-                f"{summary.mean_queueing_delay_h:>9.1f}{summary.gpu_utilization:>6.2f}{summary.preemptions:>8}"
-                f"{elapsed:>7.1f}{estimate_columns(summary)}"
+                f"{'policy':<16}{'avg JCT h':>10}{'(publ.)':>9}{'p99 h':>9}{'(publ.)':>9}{'makespan h':>11}"
+                f"{'(publ.)':>9}{'p50 h':>8}{'queue h':>9}{'util':>6}{'preempt':>8}{'sim s':>7}"
+                f"{'est err/wait':>13}{'est +-25%':>10}",
+                flush=True,
             )
-        for raw, ours in RAW_SCHEDULERS.items():
-            if ours is None and (raw, "avg_jct_h", trace) in reference:
+            results: dict[str, Summary] = {}
+            for name in policies:
+                if name in UNDECLARED_POLICIES and name in once:
+                    summary, elapsed = once[name]
+                else:
+                    started = time.perf_counter()
+                    summary = simulate(jobs, "8x8", name)
+                    elapsed = time.perf_counter() - started
+                    if name in UNDECLARED_POLICIES:
+                        once[name] = (summary, elapsed)
+                results[name] = summary
+                raw = next((k for k, v in RAW_SCHEDULERS.items() if v == name), None)
+
+                def ref(attribute: str, raw: str | None = raw, trace: str = trace) -> str:
+                    value = reference.get((raw, attribute, trace)) if raw else None
+                    return f"{value:>9.1f}" if value is not None else f"{'':>9}"
+
                 print(
-                    f"{raw + ' (publ.)':<16}{'':>10}{reference[(raw, 'avg_jct_h', trace)]:>9.1f}{'':>9}"
-                    f"{reference[(raw, 'p99_jct_h', trace)]:>9.1f}{'':>11}{reference[(raw, 'makespan_h', trace)]:>9.1f}"
+                    f"{name:<16}{summary.avg_jct_h:>10.1f}{ref('avg_jct_h')}{summary.p99_jct_h:>9.1f}"
+                    f"{ref('p99_jct_h')}{summary.makespan_h:>11.1f}{ref('makespan_h')}{summary.p50_jct_h:>8.1f}"
+                    f"{summary.mean_queueing_delay_h:>9.1f}{summary.gpu_utilization:>6.2f}{summary.preemptions:>8}"
+                    f"{elapsed:>7.1f}{estimate_columns(summary)}",
+                    flush=True,
                 )
-        if preempt_cost_s > 0:
-            costly = simulate(jobs, "8x8", "console", preempt_cost_s)
-            print(
-                f"{'console @' + format(preempt_cost_s, 'g') + 's':<16}{costly.avg_jct_h:>10.1f}{'':>9}"
-                f"{costly.p99_jct_h:>9.1f}{'':>9}{costly.makespan_h:>11.1f}{'':>9}{costly.p50_jct_h:>8.1f}"
-                f"{costly.mean_queueing_delay_h:>9.1f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
-            )
-        singles = [j for j in jobs if j.gpus == 1]
-        gpu_s = {j.job_id: segment_gpu_seconds(j.gpus, None, j.duration_s) for j in jobs}
+            for raw, ours in RAW_SCHEDULERS.items():
+                if ours is None and (raw, "avg_jct_h", trace) in reference:
+                    print(
+                        f"{raw + ' (publ.)':<16}{'':>10}{reference[(raw, 'avg_jct_h', trace)]:>9.1f}{'':>9}"
+                        f"{reference[(raw, 'p99_jct_h', trace)]:>9.1f}{'':>11}"
+                        f"{reference[(raw, 'makespan_h', trace)]:>9.1f}"
+                    )
+            if preempt_cost_s > 0 and "console" in policies:
+                costly = simulate(jobs, "8x8", "console", preempt_cost_s)
+                print(
+                    f"{'console @' + format(preempt_cost_s, 'g') + 's':<16}{costly.avg_jct_h:>10.1f}{'':>9}"
+                    f"{costly.p99_jct_h:>9.1f}{'':>9}{costly.makespan_h:>11.1f}{'':>9}{costly.p50_jct_h:>8.1f}"
+                    f"{costly.mean_queueing_delay_h:>9.1f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
+                )
+            for name in ("srtf-oracle", "srsf-oracle", "tiresias-2dlas"):
+                raw = next(k for k, v in RAW_SCHEDULERS.items() if v == name)
+                value = reference.get((raw, "avg_jct_h", trace))
+                if value and name in results:
+                    print(f"  {name}: avg JCT {100 * (results[name].avg_jct_h / value - 1):+.1f}% vs published")
+            if "console" in results and "srsf-oracle" in results and "tiresias-2dlas" in results:
+                console, srsf, las = results["console"], results["srsf-oracle"], results["tiresias-2dlas"]
+                print(
+                    f"  console: avg JCT {console.avg_jct_h / srsf.avg_jct_h:.2f}x SRSF oracle, "
+                    f"{console.avg_jct_h / las.avg_jct_h:.2f}x Tiresias; p99 {console.p99_jct_h / las.p99_jct_h:.2f}x "
+                    "Tiresias'"
+                )
+        singles = [j for j in truth if j.gpus == 1]
+        gpu_s = {j.job_id: segment_gpu_seconds(j.gpus, None, j.duration_s) for j in truth}
         single_share = sum(gpu_s[j.job_id] for j in singles) / sum(gpu_s.values())
         print(
             f"  console-share: 1-GPU jobs share GPUs (up to 2 each) under the round interference model "
-            f"(apps/scheduling/interference.py); they are {len(singles)} of {len(jobs)} jobs and "
+            f"(apps/scheduling/interference.py); they are {len(singles)} of {len(truth)} jobs and "
             f"{100 * single_share:.1f}% of the GPU-time, so sharing only them moves the average JCT little"
         )
-        for name in ("srtf-oracle", "srsf-oracle", "tiresias-2dlas"):
-            raw = next(k for k, v in RAW_SCHEDULERS.items() if v == name)
-            value = reference.get((raw, "avg_jct_h", trace))
-            if value:
-                print(f"  {name}: avg JCT {100 * (results[name].avg_jct_h / value - 1):+.1f}% vs published")
 
 
 def time_pass(passes: int) -> None:
@@ -152,9 +187,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preempt-cost-s", type=float, default=30.0, help="also run console with this cost")
     parser.add_argument("--passes", type=int, default=9)
     parser.add_argument("--skip-traces", action="store_true")
+    parser.add_argument("--declarations", default="exact,noisy,partial,none", help="comma list of modes")
+    parser.add_argument("--policies", default="all", help="all, or a comma list")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noisy and partial declarations")
     args = parser.parse_args(argv)
+    modes = [m for m in args.declarations.split(",") if m]
+    unknown = [m for m in modes if m not in DECLARATION_MODES]
+    if unknown:
+        parser.error(f"unknown declaration mode {', '.join(unknown)}; expected {', '.join(DECLARATION_MODES)}")
+    policies = list(POLICY_NAMES) if args.policies == "all" else [p for p in args.policies.split(",") if p]
+    if any(p not in POLICY_NAMES for p in policies):
+        parser.error(f"--policies: expected all or names among {', '.join(POLICY_NAMES)}")
     if not args.skip_traces:
-        run_traces(args.traces_dir, args.traces.split(","), args.runtime_model, args.preempt_cost_s)
+        run_traces(
+            args.traces_dir,
+            args.traces.split(","),
+            args.runtime_model,
+            args.preempt_cost_s,
+            modes,
+            policies,
+            args.seed,
+        )
     time_pass(args.passes)
     return 0
 

@@ -57,13 +57,14 @@ def _history() -> RuntimeHistory:
     finished = (
         Job.objects.filter(state=Job.State.SUCCEEDED, finished_at__gt=since, started_at__isnull=False)
         .order_by("-finished_at")
-        .values_list("user__username", "workload", "gpus", "started_at", "finished_at", "steps_per_second")[
-            :HISTORY_RUNS
-        ]
+        .values_list("user__username", "workload", "gpus", "started_at", "finished_at", "steps_per_second",
+                     "max_steps", "steps_done")[:HISTORY_RUNS]
     )
-    for user, workload, gpus, started, ended, steps_per_second in reversed(finished):
+    for user, workload, gpus, started, ended, steps_per_second, max_steps, steps_done in reversed(finished):
+        # declared vs done steps: the user's declaration accuracy, which weighs their next declarations
         run = FinishedRun(gpus=gpus, runtime_s=(ended - started).total_seconds(),
-                          step_s=1.0 / steps_per_second if steps_per_second else None, work=work_size(workload))
+                          step_s=1.0 / steps_per_second if steps_per_second else None, work=work_size(workload),
+                          declared_steps=max_steps, steps=steps_done or None)
         history.record(user, similarity_key(workload), run)
     return history
 

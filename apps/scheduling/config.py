@@ -17,12 +17,18 @@ class PolicyConfig:
 
     # Preemption. A running job may be stopped for a higher priority class of its own team, for a job of its own
     # team and class whose predicted remaining GPU-time is `srpt_preempt_ratio` times shorter, or (when it
-    # borrows) for a team reclaiming its quota. The first two respect the minimum run time and the cap.
+    # borrows) for a team reclaiming its quota. The first two respect the job's protection: it runs at least
+    # `min_run_before_preempt_s` each time it starts; after `max_preemptions_per_job` preemptions, each further one
+    # multiplies that by `preempt_protection_growth`, up to `max_protection_s` (a rising bar that bounds what
+    # preemptions cost a job, about one per max_protection_s of its run time, and never stops it for good).
+    # A job preempted `max_preemptions_per_job` times no longer borrows idle GPUs beyond its team's quota.
     priority_preemption: bool = True
     srpt_preemption: bool = True
     srpt_preempt_ratio: float = 1.5
     min_run_before_preempt_s: float = 10 * 60
     max_preemptions_per_job: int = 3
+    preempt_protection_growth: float = 2.0
+    max_protection_s: float = 6 * HOUR
     # Victim searches per pass (each scans the running jobs): bounds a pass over a long queue.
     max_preemption_searches: int = 64
 
@@ -30,7 +36,8 @@ class PolicyConfig:
     # run on idle GPUs and are reclaimed when an owner needs them.
     borrowing: bool = True
 
-    # Order within a priority class. "shortest-remaining": predicted remaining GPU-time x fair-share penalties,
+    # Order within a priority class. "shortest-remaining": estimated remaining GPU-time (ordering.estimate_service:
+    # declared steps, similar runs and attained service blended by how good each has been) x fair-share penalties,
     # divided by an aging boost (1 + wait / aging_s) so that long jobs cannot starve. "fair-share": the penalties
     # alone (over the aging boost). "fifo": submit time.
     ordering: str = "shortest-remaining"

@@ -11,6 +11,8 @@ predicted from the runs before it, and the confidence is the share of those with
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from statistics import median
@@ -40,6 +42,86 @@ class FinishedRun:
     step_s: float | None = None
     # The amount of work it was asked for (similarity.work_size), when the workload says.
     work: float | None = None
+    # The steps it declared (None: none) and the steps it really ran, for its user's declaration accuracy.
+    declared_steps: int | None = None
+    steps: int | None = None
+
+
+# Finished runs whose GPU-time (gpus x run time) the attained-service queues are learned from.
+SERVICE_WINDOW = 1000
+# Below this many finished runs the queues are Tiresias' published thresholds (GPU-seconds) instead.
+MIN_SERVICE_HISTORY = 20
+COLD_THRESHOLDS_GPU_S = (3250.0, 7200.0, 18000.0)
+# Spread (standard deviation of the natural log) assumed of a queue's remaining GPU-time before there is history.
+COLD_SIGMA = 2.0
+# A user's declaration error (log of real / declared steps) kept, and the prior it is shrunk toward: a user with no
+# record is trusted as if their declarations were off by a factor of about e^0.5 (1.6x), weighing as PRIOR_WEIGHT
+# declarations.
+DECLARATION_WINDOW = 50
+PRIOR_DECLARATION_SIGMA = 0.5
+PRIOR_DECLARATION_WEIGHT = 2.0
+# The least spread trusted of any estimate (an exact declaration still only says the remaining steps).
+MIN_SIGMA = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceQueue:
+    """One attained-service queue: jobs that have received at least `floor` GPU-seconds (and less than the next
+    queue's floor). `log_remaining`: log of what a job there is worth ordering by (gittins_remaining of what finished
+    jobs past `floor` still needed); `sigma`: the spread of the log of those needs."""
+
+    floor: float
+    log_remaining: float
+    sigma: float
+
+
+def _log_spread(logs: list[float]) -> float:
+    if len(logs) < 2:
+        return COLD_SIGMA
+    mean = sum(logs) / len(logs)
+    return max(MIN_SIGMA, math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)))
+
+
+def learn_queues(services: list[float], quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
+    """Queues with floors at `quantiles` of the finished jobs' GPU-time (sorted `services`), each valued by the
+    remaining GPU-time its finished jobs needed past its floor. Before MIN_SERVICE_HISTORY runs: Tiresias'
+    thresholds, each queue expected to need up to the next one (4x the last for the last)."""
+    if len(services) < MIN_SERVICE_HISTORY:
+        cold = (0.0, *COLD_THRESHOLDS_GPU_S)
+        ceilings = (*COLD_THRESHOLDS_GPU_S, 4 * COLD_THRESHOLDS_GPU_S[-1])
+        return tuple(
+            ServiceQueue(floor, math.log(max(ceiling - floor, 1.0)), COLD_SIGMA)
+            for floor, ceiling in zip(cold, ceilings, strict=True)
+        )
+    n = len(services)
+    floors = [0.0]
+    for q in quantiles:
+        floor = services[min(n - 1, int(q * n))]
+        if floor > floors[-1]:
+            floors.append(floor)
+    queues = []
+    for floor in floors:
+        left = [max(s - floor, 1.0) for s in services[bisect_right(services, floor):]]
+        if len(left) < 2:
+            break
+        logs = [math.log(x) for x in left]
+        queues.append(ServiceQueue(floor, math.log(gittins_remaining(left)), _log_spread(logs)))
+    return tuple(queues)
+
+
+
+def gittins_remaining(left: list[float]) -> float:
+    """The inverse Gittins index of a job known only to need one of `left` (sorted, ascending) more: the least,
+    over a further quantum q, of the GPU-time expected to be spent in q over the chance of finishing within it.
+    Ordering by it (least first) minimizes mean completion time for jobs of unknown size (Gittins, 1989)."""
+    n = len(left)
+    spent = 0.0
+    best = math.inf
+    for k, x in enumerate(left, start=1):
+        spent += x
+        # quantum up to the k-th residual: jobs finishing within it spend their own, the others all of x
+        best = min(best, (spent + x * (n - k)) / k)
+    return best
 
 
 _Group = deque[FinishedRun]
@@ -53,11 +135,68 @@ class RuntimeHistory:
         self._runs: dict[tuple[str, str], _Group] = {}
         self._anyone: dict[str, _Group] = {}
         self._cache: dict[tuple[object, ...], tuple[float | None, float | None]] = {}
+        self._services: deque[float] = deque(maxlen=SERVICE_WINDOW)
+        self._queues: dict[tuple[float, ...], tuple[ServiceQueue, ...]] = {}
+        # user -> log(real steps / declared steps) of their finished runs
+        self._declared: dict[str, deque[float]] = {}
+        self._declaration_sigma: dict[str, float] = {}
+        self._residuals: dict[tuple[object, ...], tuple[float, float] | None] = {}
 
     def record(self, user: str, similarity_key: str, run: FinishedRun) -> None:
         self._runs.setdefault((user, similarity_key), deque(maxlen=HISTORY_WINDOW)).append(run)
         self._anyone.setdefault(similarity_key, deque(maxlen=HISTORY_WINDOW)).append(run)
         self._cache.clear()
+        self._residuals.clear()
+        if run.runtime_s > 0 and run.gpus > 0:
+            self._services.append(run.gpus * run.runtime_s)
+            self._queues.clear()
+        if run.declared_steps and run.steps:
+            self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
+                math.log(run.steps / run.declared_steps)
+            )
+            self._declaration_sigma.pop(user, None)
+
+    def service_queues(self, quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
+        """The attained-service queues learned from finished runs (learn_queues), cached until the next record."""
+        queues = self._queues.get(quantiles)
+        if queues is None:
+            queues = self._queues[quantiles] = learn_queues(sorted(self._services), quantiles)
+        return queues
+
+    def declaration_sigma(self, user: str) -> float:
+        """How far off `user`'s declared steps have been: the root mean square of log(real / declared) over their
+        recent finished runs, shrunk toward PRIOR_DECLARATION_SIGMA while they are few."""
+        sigma = self._declaration_sigma.get(user)
+        if sigma is None:
+            errors = self._declared.get(user, ())
+            weight = PRIOR_DECLARATION_WEIGHT
+            squares = sum(e * e for e in errors) + weight * PRIOR_DECLARATION_SIGMA**2
+            sigma = self._declaration_sigma[user] = max(MIN_SIGMA, math.sqrt(squares / (len(errors) + weight)))
+        return sigma
+
+    def similar_remaining(
+        self, user: str, similarity_key: str, gpus: int, elapsed_s: float
+    ) -> tuple[float, float] | None:
+        """(log of the median remaining run time, its spread) of similar finished runs that outlasted `elapsed_s`
+        (the user's own first, else anyone's; same GPU count first), or None with fewer than 3 such runs. Runs that
+        say their work size are left out (their run time scales with it; predict() handles them)."""
+        # (elapsed rounded down to 10 minutes, so that one answer serves many jobs and passes)
+        elapsed_s = 600.0 * (elapsed_s // 600) if elapsed_s > 0 else 0.0
+        key = (user, similarity_key, gpus, elapsed_s)
+        if key in self._residuals:
+            return self._residuals[key]
+        result = None
+        for runs in (self._runs.get((user, similarity_key)), self._anyone.get(similarity_key)):
+            if not runs:
+                continue
+            plain = [r for r in runs if r.work is None]
+            same = [r for r in plain if r.gpus == gpus] or plain
+            logs = [math.log(r.runtime_s - elapsed_s) for r in same if r.runtime_s > elapsed_s + 1.0]
+            if len(logs) >= 3:
+                result = (median(logs), _log_spread(logs))
+                break
+        self._residuals[key] = result
+        return result
 
     def step_s(self, user: str, similarity_key: str, gpus: int) -> float | None:
         return self.step_estimate(user, similarity_key, gpus)[0]
@@ -136,7 +275,7 @@ def elapsed_run_s(job: PendingJob | RunningJob, now: float) -> float:
     return earlier
 
 
-def _steps_done(job: PendingJob | RunningJob, now: float, step_s: float) -> float:
+def steps_done(job: PendingJob | RunningJob, now: float, step_s: float) -> float:
     if isinstance(job, RunningJob):
         reported_at = job.steps_reported_at if job.steps_reported_at is not None else now
         return job.steps_done + max(0.0, now - reported_at) / step_s
@@ -188,7 +327,7 @@ def predict_remaining(
     prediction = predict(job, history, default_s)
     elapsed = elapsed_run_s(job, now)
     if prediction.by_steps and prediction.step_s and job.declared_steps is not None:
-        done = _steps_done(job, now, prediction.step_s)
+        done = steps_done(job, now, prediction.step_s)
         remaining = (job.declared_steps - done) * prediction.step_s
     else:
         remaining = prediction.total_s - elapsed

@@ -1,9 +1,10 @@
 """Choosing which running jobs to stop so that a waiting gang fits.
 
 Who may be stopped for whom (Kueue-like): a job borrowing beyond its team's quota, by any job of another team that
-is within its own quota (reclaim: no minimum run time, no cap; borrowing was the deal); a job of the same team in
+is within its own quota (reclaim: no protection; borrowing was the deal); a job of the same team in
 a lower priority class; a job of the same team and class whose predicted remaining GPU-time is `ratio` times
-longer. The last two only once the victim has run its minimum time and while it is under its preemption cap.
+longer. The last two only once the victim has run its protected time (protected_run_s: the minimum run time,
+rising with the preemptions it has taken, never a permanent cap).
 Victims are taken cheapest first: reclaimable borrowers, then lower classes, then the longest remaining.
 
 A service's replica is never stopped for a job of the same priority unless another replica of that service stays
@@ -31,12 +32,22 @@ PRIORITY = "priority"
 SHORTER = "shorter"
 
 
+def protected_run_s(preemptions: int, config: PolicyConfig) -> float:
+    """How long a job preempted `preemptions` times runs, each time it starts, before a priority or
+    shortest-first preemption may stop it again (config: a bar that rises with its preemptions, up to a ceiling)."""
+    base = config.min_run_before_preempt_s
+    extra = preemptions - config.max_preemptions_per_job + 1
+    if extra <= 0 or config.preempt_protection_growth <= 1.0:
+        return base
+    return max(base, min(config.max_protection_s, base * config.preempt_protection_growth**extra))
+
+
 @dataclass(slots=True)
 class RunState:
     job: RunningJob
     remaining_s: float
     score: float
-    # Inside its minimum run time or at its preemption cap: only a reclaim may stop it.
+    # Inside its protected run time (protected_run_s): only a reclaim may stop it.
     protected: bool
     # host -> (gpu type, schedulable GPUs of this job on that host)
     hosts: dict[str, tuple[str, int]]

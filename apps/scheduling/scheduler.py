@@ -27,10 +27,18 @@ from dataclasses import dataclass, field, replace
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.estimate import Order, Waiting, estimate_starts
 from apps.scheduling.estimate import Release as EndsAt
-from apps.scheduling.ordering import FairShare, aging_boost
+from apps.scheduling.ordering import FairShare, ServiceEstimate, aging_boost, estimate_service
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
 from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
-from apps.scheduling.preemption import PRIORITY, RECLAIM, SHORTER, RunState, VictimIndex, plan_preemption
+from apps.scheduling.preemption import (
+    PRIORITY,
+    RECLAIM,
+    SHORTER,
+    RunState,
+    VictimIndex,
+    plan_preemption,
+    protected_run_s,
+)
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import (
     Decisions,
@@ -41,7 +49,7 @@ from apps.scheduling.types import (
     RunningJob,
     Snapshot,
 )
-from apps.scheduling.usage import budget_reason
+from apps.scheduling.usage import attained_gpu_seconds, budget_reason, gpus_held, job_share_units
 
 PREEMPTION_REASONS = {
     RECLAIM: "GPUs borrowed beyond team {team}'s quota were reclaimed by job {job} of team {other}",
@@ -139,6 +147,8 @@ class ConsolePass:
         self.expected: dict[int, float] = {}
         # jobs placed in this pass, with their predicted run time
         self.placed_jobs: list[tuple[PendingJob, float, int]] = []
+        # job id -> the order's estimate of its remaining GPU-time (ordering.estimate_service)
+        self.service: dict[int, ServiceEstimate] = {}
 
     # -- scores -------------------------------------------------------------------------------------------
     def _remaining(self, job: PendingJob | RunningJob) -> float:
@@ -155,9 +165,11 @@ class ConsolePass:
         penalty = self.fair.penalty(job.team, job.user)
         if ordering == "fair-share":
             return penalty / boost
-        # (a fraction's share is only asked on a 1-GPU job; a share on a gang is ignored: sharing.py)
-        gpus = job.gpu_share if job.gpus == 1 and job.gpu_share < 1.0 else job.gpus
-        return remaining_s * gpus * penalty / boost
+        service = self.service.get(job.job_id)
+        if service is None:
+            service = estimate_service(job, self.now, self.snapshot.history)
+            self.service[job.job_id] = service
+        return service.remaining_gpu_s * penalty / boost
 
     def _running_states(self) -> None:
         config = self.config
@@ -172,10 +184,7 @@ class ConsolePass:
                 if where is not None:
                     host, gpu_type, _ = where
                     hosts[host] = (gpu_type, hosts.get(host, (gpu_type, 0))[1] + 1)
-            protected = (
-                self.now - job.started_at < config.min_run_before_preempt_s
-                or job.preemption_count >= config.max_preemptions_per_job
-            )
+            protected = self.now - job.started_at < protected_run_s(job.preemption_count, config)
             per_gpu = units if is_fractional(job) else FULL
             state = RunState(job, remaining, self._score(job, remaining), protected, hosts, per_gpu)
             self.states.append(state)
@@ -656,14 +665,13 @@ class ConsolePass:
             running = state.job
             if state.stopped or not running.preemptible:
                 continue
-            if running.preemption_count >= config.max_preemptions_per_job:
-                continue
             outranked = config.priority_preemption and top_class.get(running.team, -1) > int(running.priority)
             shorter = best_score.get((running.team, int(running.priority)))
             if config.srpt_preemption and shorter is not None and state.score > config.srpt_preempt_ratio * shorter:
                 outranked = True
             if outranked:
-                stoppable[running.job_id] = max(self.now, running.started_at + config.min_run_before_preempt_s)
+                protection = protected_run_s(running.preemption_count, config)
+                stoppable[running.job_id] = max(self.now, running.started_at + protection)
         return stoppable
 
     def _ends(self, ranked: list[tuple[PendingJob, float]]) -> list[EndsAt]:
@@ -732,12 +740,21 @@ class ConsolePass:
         ):
             return None
         later = [
-            s.job.started_at + self.config.min_run_before_preempt_s
+            end
             for s in self.states
             if not s.stopped
-            and s.job.preemption_count < self.config.max_preemptions_per_job
-            and s.job.started_at + self.config.min_run_before_preempt_s > self.now
+            and (end := s.job.started_at + protected_run_s(s.job.preemption_count, self.config)) > self.now
         ]
+        if self.config.srpt_preemption and self.config.ordering == "shortest-remaining":
+            # A running job moving on to the next attained-service queue may become a victim then.
+            for s in self.states:
+                service = self.service.get(s.job.job_id)
+                if s.stopped or service is None or service.next_floor is None:
+                    continue
+                held = gpus_held(s.job.gpus, job_share_units(s.job))
+                attained = attained_gpu_seconds(s.job, self.now)
+                if held > 0 and service.next_floor > attained:
+                    later.append(self.now + (service.next_floor - attained) / held)
         return min(later, default=None)
 
 

@@ -6,7 +6,7 @@ GPU), and the fractions of a pass are paired by complementary resource profiles 
 down by the interference model (interference.py).
 
 python -m apps.scheduling.simulate --trace FILE --format muri|tiresias --cluster 8x8 --policy NAME[,NAME|all]
-    [--preempt-cost-s S] [--runtime-model duration|muri] [--teams N] [--json]
+    [--preempt-cost-s S] [--runtime-model duration|muri] [--teams N] [--declarations MODE] [--seed N] [--json]
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ from apps.scheduling.metrics import EstimateFigures, Summary, summarize
 from apps.scheduling.pairing import pair_complementary
 from apps.scheduling.policy import schedule
 from apps.scheduling.simulation import Simulator
-from apps.scheduling.trace import RUNTIME_MODELS, TraceJob, build_hosts, load_trace, parse_cluster
+from apps.scheduling.trace import (
+    DECLARATION_MODES,
+    RUNTIME_MODELS,
+    TraceJob,
+    build_hosts,
+    load_trace,
+    parse_cluster,
+    with_declarations,
+)
 from apps.scheduling.types import Decisions, Snapshot, TeamQuotaView
 
 CORE_POLICIES = ("fifo", "fifo-backfill", "fair-share", "console")
@@ -181,10 +189,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--switch-overhead", type=float, default=0.0, help="interference: extra round fraction per extra job"
     )
+    parser.add_argument(
+        "--declarations",
+        choices=DECLARATION_MODES,
+        default="trace",
+        help="what jobs declare: as the trace says (its declared_iterations column, else the truth), exact, "
+        "noisy (lognormal sigma 1), partial (30%% declare nothing) or none",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noisy and partial declarations")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     jobs = assign_teams(load_trace(args.trace, args.format, args.runtime_model), args.teams)
+    jobs = with_declarations(jobs, args.declarations, args.seed)
     summaries = []
     seconds = {}
     for name in parse_policies(args.policy):

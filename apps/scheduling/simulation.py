@@ -156,7 +156,7 @@ class Simulator:
             priority=trace.priority,
             submitted_at=trace.submit_s,
             attained_gpu_seconds=state.attained_gpu_s,
-            declared_steps=trace.iterations if self.console_view else None,
+            declared_steps=trace.declared_steps if self.console_view else None,
             steps_done=steps_done,
             observed_step_s=trace.step_s if started and self.console_view else None,
             preemption_count=state.preemptions,
@@ -249,7 +249,15 @@ class Simulator:
         state.finish = self.now
         trace = state.trace
         self.history.record(
-            trace.user, self.keys[job_id], FinishedRun(trace.gpus, trace.duration_s, trace.step_s)
+            trace.user,
+            self.keys[job_id],
+            FinishedRun(
+                trace.gpus,
+                trace.duration_s,
+                trace.step_s,
+                declared_steps=trace.declared_steps if self.console_view else None,
+                steps=trace.iterations,
+            ),
         )
 
     def _stop(self, job_id: int) -> None:

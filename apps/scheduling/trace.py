@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import math
+import random
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from apps.scheduling.types import GpuView, HostView, Priority
@@ -11,6 +13,14 @@ from apps.scheduling.types import GpuView, HostView, Priority
 # The published Muri simulator runs each job for iterations x iteration_time, slowed by 1.5%.
 MURI_ITERATION_SLOWDOWN = 1.015
 RUNTIME_MODELS = ("duration", "muri")
+# What jobs declare (their steps) to the console, beside the truth the simulator enforces: "trace" as the file says
+# (a `declared_iterations` column, empty meaning nothing declared; without the column every job declares its true
+# iterations), "exact", "noisy" (true iterations times a seeded lognormal factor, sigma NOISY_SIGMA), "partial"
+# (a seeded PARTIAL_UNDECLARED share of jobs declares nothing, the others exactly), "none".
+DECLARATION_MODES = ("trace", "exact", "noisy", "partial", "none")
+NOISY_SIGMA = 1.0
+DECLARES_TRUTH = -1
+PARTIAL_UNDECLARED = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +39,12 @@ class TraceJob:
     priority: Priority = Priority.NORMAL
     # Seconds per iteration on each resource (Muri's resource_time_0..2), for the interference model.
     resource_s: tuple[float, ...] | None = None
+    # The steps the job declares to the console (None: nothing declared; DECLARES_TRUTH: its true iterations).
+    declared_iterations: int | None = -1
+
+    @property
+    def declared_steps(self) -> int | None:
+        return self.iterations if self.declared_iterations == DECLARES_TRUTH else self.declared_iterations
 
     @property
     def workload(self) -> dict[str, str]:
@@ -48,6 +64,11 @@ def load_trace(path: str | Path, trace_format: str, runtime_model: str = "durati
     with open(path, newline="") as handle:
         for row in csv.DictReader(handle):
             iterations = int(row["iterations"]) if row.get("iterations") else None
+            if "declared_iterations" in row:
+                declared = row["declared_iterations"].strip() if row["declared_iterations"] else ""
+                declared_iterations = int(float(declared)) if declared else None
+            else:
+                declared_iterations = iterations
             duration = float(row["duration"]) / scale
             if row.get("iteration_time"):
                 step = float(row["iteration_time"]) / scale
@@ -77,10 +98,32 @@ def load_trace(path: str | Path, trace_format: str, runtime_model: str = "durati
                     user=row.get("user") or "user",
                     priority=priority,
                     resource_s=resources or None,
+                    declared_iterations=declared_iterations,
                 )
             )
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
     return jobs
+
+
+def with_declarations(jobs: list[TraceJob], mode: str, seed: int = 0) -> list[TraceJob]:
+    """The jobs with what they declare under `mode` (DECLARATION_MODES); seeded, so a run is repeatable."""
+    if mode not in DECLARATION_MODES:
+        raise ValueError(f"unknown declaration mode {mode!r}; expected one of {', '.join(DECLARATION_MODES)}")
+    if mode == "trace":
+        return jobs
+    rng = random.Random(seed)
+    declared: list[TraceJob] = []
+    for job in jobs:
+        # one draw per job whatever the mode, so jobs get the same factor in every run of a seed
+        factor = math.exp(rng.gauss(0.0, NOISY_SIGMA))
+        undeclared = rng.random() < PARTIAL_UNDECLARED
+        value: int | None = job.iterations
+        if mode == "none" or (mode == "partial" and undeclared) or value is None:
+            value = None
+        elif mode == "noisy":
+            value = max(1, round(value * factor))
+        declared.append(replace(job, declared_iterations=value))
+    return declared
 
 
 def parse_cluster(spec: str) -> tuple[int, int]:

@@ -60,14 +60,16 @@ def test_an_urgent_job_is_estimated_when_its_victim_has_run_its_minimum_time():
     decisions = schedule(snap, config)
     assert not decisions.placements and not decisions.preemptions
     assert decisions.pending[1].estimated_start == pytest.approx(now + 540)
-    # ... and a victim at its preemption cap is waited for to its end.
-    capped = steps_running(
-        10, (0, 1), now, 10_000, priority=Priority.LOW, started_at=now - 60, preemption_count=3
-    )
-    info = schedule(
-        snapshot(hosts(1, 2), [pending(1, 2, priority=Priority.URGENT)], [capped], now=now), config
-    )
-    assert info.pending[1].estimated_start == pytest.approx(now + 10_000)
+    # ... a victim preempted often is protected longer (the bar doubles past max_preemptions_per_job: 3 -> 20 min,
+    # 5 -> 80 min), and past max_protection_s no longer: the wait is bounded, never to the victim's end.
+    for count, protected in ((3, 1200), (5, 4800), (30, 6 * 3600)):
+        often = steps_running(
+            10, (0, 1), now, 100_000, priority=Priority.LOW, started_at=now - 60, preemption_count=count
+        )
+        info = schedule(
+            snapshot(hosts(1, 2), [pending(1, 2, priority=Priority.URGENT)], [often], now=now), config
+        )
+        assert info.pending[1].estimated_start == pytest.approx(now + protected - 60)
 
 
 def test_no_floor_a_job_about_to_end_gives_an_estimate_seconds_away():

@@ -49,8 +49,11 @@ def test_higher_class_preempts_lower_class_of_its_team_after_minimum_run_time():
     decisions = schedule(replace(snap, running=(young_low,)))
     assert not decisions.preemptions and not decisions.placements
 
-    capped = replace(old_low, preemption_count=3)
-    assert not schedule(replace(snap, running=(capped,))).preemptions
+    # A job preempted often is protected longer each time it starts (10 min doubled per preemption past
+    # max_preemptions_per_job: 8 -> 6 h at most), never for good.
+    often = replace(old_low, preemption_count=8)
+    assert not schedule(replace(snap, running=(often,))).preemptions
+    assert schedule(replace(snap, running=(replace(often, started_at=now - 6 * 3600),))).preemptions
     assert not schedule(replace(snap, running=(replace(old_low, preemptible=False),))).preemptions
 
 
@@ -105,7 +108,7 @@ def test_reasons_for_gpu_type_size_and_gang():
     snap = snapshot(
         hosts(2, 4),
         [pending(1, 1, gpu_type="h100"), pending(2, 16), pending(3, 4)],
-        [running(10, (0, 1)), running(11, (4, 5))],
+        [running(10, (0, 1), started_at=99_940.0), running(11, (4, 5), started_at=99_940.0)],
     )
     info = schedule(snap).pending
     assert info[1].code == "no_gpu_type" and "h100" in info[1].reason

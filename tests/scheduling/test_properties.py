@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
+from apps.scheduling.preemption import protected_run_s
 from apps.scheduling.types import (
     Decisions,
     GpuView,
@@ -180,8 +181,7 @@ def test_higher_priority_never_waits_for_a_preemptible_lower_job(snap: Snapshot)
             and r.team == job.team
             and r.priority < job.priority
             and r.preemptible
-            and r.preemption_count < config.max_preemptions_per_job
-            and NOW - r.started_at >= config.min_run_before_preempt_s
+            and NOW - r.started_at >= protected_run_s(r.preemption_count, config)
         ]
         freed_own = sum(r.gpus for r in lower_own)
         if room + freed_own < job.gpus:

@@ -100,7 +100,8 @@ def test_memory_requests_share_by_memory():
 
 
 def test_whole_jobs_never_go_on_a_partly_used_gpu():
-    busy = [frac_running(10, 0, 0.25)]
+    # (started a minute ago: inside its minimum run time, no waiting job of its class may stop it)
+    busy = [frac_running(10, 0, 0.25, started_at=99_940.0)]
     decisions = schedule(snapshot(hosts(1, 2), [pending(1, 1), pending(2, 1)], busy))
     assert [p.gpu_ids for p in decisions.placements] == [(1,)]
     decisions = schedule(snapshot(hosts(1, 2), [pending(1, 2)], busy))
@@ -108,8 +109,9 @@ def test_whole_jobs_never_go_on_a_partly_used_gpu():
 
 
 def test_fractions_do_not_take_gpus_a_blocked_whole_job_needs():
-    # A 2-GPU job waits only because a quarter holds GPU 0: new fractions may not use GPU 0 or GPU 1.
-    busy = [frac_running(10, 0, 0.25)]
+    # A 2-GPU job waits only because a quarter holds GPU 0 (inside its minimum run time): new fractions may not use
+    # GPU 0 or GPU 1.
+    busy = [frac_running(10, 0, 0.25, started_at=99_940.0)]
     whole = pending(1, 2, submitted_at=1.0)
     fractions = [frac(2, 0.25, submitted_at=2.0, declared_steps=10, observed_step_s=1.0)]
     quotas = {"t": TeamQuotaView("t", 8)}
