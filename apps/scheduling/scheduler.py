@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.estimate import Order, Waiting, estimate_starts
+from apps.scheduling.estimate import Order, Waiting, estimate_starts, expected_arrivals
 from apps.scheduling.estimate import Release as EndsAt
 from apps.scheduling.ordering import FairShare, ServiceEstimate, aging_boost, estimate_service
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
@@ -62,6 +62,8 @@ BUDGET_STOP = "team {team}'s monthly GPU-hour budget is spent and the team stops
 NO_ESTIMATE = frozenset({"budget", "no_gpu_type", "no_runtime", "too_large", "no_quota"})
 # Waiting for its own team's (or user's) jobs to end: jobs of other teams do not hold it back.
 OWN_LIMIT = frozenset({"quota", "user_cap"})
+# Submissions looked at for a sweep going on (estimate.expected_arrivals).
+RECENT_S = 24 * 3600.0
 # Whole-GPU jobs examined for the fraction fence per pass (the first one that fractions block is fenced for).
 FENCE_SCAN = 64
 
@@ -596,8 +598,10 @@ class ConsolePass:
             for user, cap in q.user_max_gpus.items()
         }
         ranked = [(job, remaining) for job, remaining, code, _ in waiting if code not in NO_ESTIMATE]
+        queue = self._queue(ranked)
         starts = estimate_starts(
-            self.now, free_by_type, capacity, team_room, user_room, self._ends(ranked), self._queue(ranked)
+            self.now, free_by_type, capacity, team_room, user_room, self._ends(ranked), queue,
+            expected_arrivals(self.now, self._recent(queue)),
         )
         for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
             estimate = starts.get(job.job_id)
@@ -609,6 +613,20 @@ class ConsolePass:
                 predicted_runtime_s=remaining,
                 confidence=round(estimate.confidence, 2) if estimate is not None else None,
             )
+
+    def _recent(self, queue: list[Waiting]) -> list[Waiting]:
+        """The jobs submitted in the last day (waiting, placed in this pass, or running), as the replay's entries:
+        estimate.expected_arrivals finds the sweep going on among them."""
+        since = self.now - RECENT_S
+
+        def entry(job: PendingJob | RunningJob, remaining: float) -> Waiting:
+            order = (-int(job.priority), self._score(job, remaining), job.submitted_at, job.job_id)
+            return self._waiting_entry(job, remaining, order)
+
+        recent = [w for w in queue if w.order[2] >= since]
+        recent += [entry(job, remaining) for job, remaining, _ in self.placed_jobs if job.submitted_at >= since]
+        recent += [entry(s.job, s.remaining_s) for s in self.states if not s.stopped and s.job.submitted_at >= since]
+        return recent
 
     def _agreeing_reason(self, code: str, reason: str, position: int) -> str:
         """The reason, told so that it agrees with the position beside it."""
