@@ -156,6 +156,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         jobs = Job.objects.select_related("team", "user").prefetch_related(Prefetch("allocations", queryset=allocations))
         return access.restrict(jobs, self.request.user)
 
+    def filter_queryset(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        # The table's filters choose the jobs of the list; a job's own routes take parameters of their own
+        # (GET /{id}/metrics/?name=… names metrics, not jobs).
+        return super().filter_queryset(queryset) if self.action == "list" else queryset
+
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 429: ErrorSerializer})
     def create(self, request: Request) -> Response:
         form = JobSubmitSerializer(data=request.data)

@@ -245,7 +245,7 @@ def test_the_page_submits_a_full_environment(team_things):
     assert (job.image, job.env, job.secrets, job.mounts, job.git_commit, job.shm_gb) == (
         IMAGE, {"LR": "0.1", "EMPTY": ""}, ["WANDB_API_KEY"], ["imagenet"], COMMIT, 1.0)
     shown = page(team_things.member).get(f"/jobs/{job.pk}/").content.decode()
-    for fragment in (IMAGE, "LR=0.1", "WANDB_API_KEY", "imagenet", COMMIT, "1.0 GB"):
+    for fragment in (IMAGE, "LR=0.1", "WANDB_API_KEY", "imagenet", COMMIT, "1.0 GiB"):
         assert fragment in shown
     assert "s3cr3t" not in shown
 
