@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlencode
 
 import django_filters
@@ -156,7 +157,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         jobs = Job.objects.select_related("team", "user").prefetch_related(Prefetch("allocations", queryset=allocations))
         return access.restrict(jobs, self.request.user)
 
-    def filter_queryset(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         # The table's filters choose the jobs of the list; a job's own routes take parameters of their own
         # (GET /{id}/metrics/?name=… names metrics, not jobs).
         return super().filter_queryset(queryset) if self.action == "list" else queryset
