@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from apps.jobs.models import Job
 from apps.telemetry.services import frame_key
+from tests.browser.test_live import FAKE_WEBSOCKET
 from tests.dashboard.conftest import hold, make_job
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -140,31 +141,14 @@ def test_viewer_gets_no_selection_and_no_team_sees_an_empty_queue(table_world, p
     assert "No waiting jobs you may see." in nobody.locator("#jobs-rows").inner_text()
 
 
-# A stand-in for the browser's WebSocket: the live server is WSGI, so the test plays /ws/cluster/ itself.
-FAKE_SOCKET = """
-window.__sockets = [];
-window.WebSocket = function (url) {
-  var self = this;
-  this.url = url;
-  window.__sockets.push(this);
-  setTimeout(function () { if (self.onopen) { self.onopen(); } }, 0);
-};
-window.WebSocket.prototype.send = function () {};
-window.WebSocket.prototype.close = function () {};
-window.__say = function (msg) {
-  window.__sockets.forEach(function (s) { if (s.onmessage) { s.onmessage({ data: JSON.stringify(msg) }); } });
-};
-"""
-
-
 def test_live_socket_updates_utilization_and_fetches_rows_on_a_state_change(table_world, page_for):
     page = page_for(table_world.manager)
-    page.add_init_script(FAKE_SOCKET)
+    page.add_init_script(FAKE_WEBSOCKET)  # the live server is WSGI: the test plays /ws/cluster/
     page.goto("/jobs/")
     page.wait_for_function("document.getElementById('live-status').dataset.state === 'live'")
     assert page.evaluate("window.__sockets[0].url").endswith("/ws/cluster/")
     running = page.locator("#jobs-rows tr", has_text="resnet-big")
-    page.evaluate("""window.__say({type: "gpu.sample", ts: 1, gpus: [
+    page.evaluate("""window.__emit({type: "gpu.sample", ts: 1, gpus: [
         {uuid: "GPU-node-a-0", utilization_pct: 10, job: null}, {uuid: "GPU-node-a-1", utilization_pct: 30, job: null},
         {uuid: "GPU-node-b-0", utilization_pct: 99, job: null}]})""")
     page.wait_for_function("""() => {
@@ -173,6 +157,6 @@ def test_live_socket_updates_utilization_and_fetches_rows_on_a_state_change(tabl
     }""")
     job = Job.objects.get(name="bert-small")
     Job.objects.filter(pk=job.pk).update(state=Job.State.CANCELLED)
-    page.evaluate("id => window.__say({type: 'job.state', job: {id: id, state: 'cancelled', team: 'vision'}})", job.pk)
+    page.evaluate("id => window.__emit({type: 'job.state', job: {id: id, state: 'cancelled', team: 'vision'}})", job.pk)
     page.wait_for_selector(f'#jobs-rows tr[data-job="{job.pk}"][data-state="cancelled"]')
     assert "80 %" not in running.inner_text()
