@@ -42,6 +42,12 @@ print("key", os.environ["WANDB_API_KEY"], "in", os.getcwd(), "torch", torch.__ve
 """
 
 
+@pytest.fixture(scope="session")
+def runtime_kind(podman: None) -> str:
+    """The live cluster's agents run podman (--runtime podman): its tests run once, on that runtime."""
+    return "podman"
+
+
 @pytest.fixture(scope="module")
 def cluster(podman: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
     live = LiveCluster(tmp_path_factory.mktemp("containers"), agents={HOST: "2xH200"},
