@@ -661,8 +661,10 @@ def serve(engine: Engine, *, host: str, port: int, max_batch: int, max_wait_ms: 
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
     reporter = Reporter(progress_file)
+    # Keep-alive longer than its clients' pools keep idle connections (httpx: 5 s, the gateway's included), so that
+    # the server never closes a connection a client is just reusing (uvicorn's own 5 s raced with them: ReadError).
     config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning",
-                            timeout_graceful_shutdown=drain_s, backlog=2048)
+                            timeout_graceful_shutdown=drain_s, backlog=2048, timeout_keep_alive=75)
     server = _server_class()(config)
 
     def on_ready() -> None:
