@@ -49,6 +49,12 @@ def fetch(job: Job) -> Job:
     return Job.objects.get(pk=job.pk)
 
 
+@pytest.fixture(autouse=True)
+def packing_on(settings):
+    """The packing pass is opt-in (CONSOLE_COLOCATION=1)."""
+    settings.COLOCATION_ENABLED = True
+
+
 @pytest.fixture
 def one_gpu(world):
     """Only the first GPU can take jobs: the others are faulty."""
