@@ -235,7 +235,7 @@ SCHEDULER = {
 }
 # Measured-utilization packing of shareable jobs (apps.scheduling.colocation.ColocationConfig; docs/architecture.md
 # "Sharing GPUs"): a pass every scheduler interval, when enabled.
-COLOCATION_ENABLED = env_bool("CONSOLE_COLOCATION", False)  # opt in: with it on, a Redis restart left jobs queued (open)
+COLOCATION_ENABLED = env_bool("CONSOLE_COLOCATION", True)  # CONSOLE_COLOCATION=0 turns the packing pass off
 # Teams whose one-GPU training jobs are shareable unless they say otherwise ("shareable": false).
 COLOCATION_SHAREABLE_TEAMS = env_list("CONSOLE_SHAREABLE_TEAMS", [])
 COLOCATION = {

@@ -21,7 +21,7 @@ PY = sys.executable
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     live = LiveCluster(tmp_path_factory.mktemp("colocation"), agents={"pk-a": "1xH100"},
-                       extra_env={"CONSOLE_COLOCATION": "1", "CONSOLE_COLOCATION_MIN_SAMPLES": "8"})
+                       extra_env={"CONSOLE_COLOCATION_MIN_SAMPLES": "8"})
     try:
         live.start()
         create_team(live.admin(), "pack", 2)

@@ -51,7 +51,7 @@ def fetch(job: Job) -> Job:
 
 @pytest.fixture(autouse=True)
 def packing_on(settings):
-    """The packing pass is opt-in (CONSOLE_COLOCATION=1)."""
+    """The packing pass is on by default; CONSOLE_COLOCATION=0 in a deployment turns it off."""
     settings.COLOCATION_ENABLED = True
 
 
