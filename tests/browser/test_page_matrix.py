@@ -4,8 +4,9 @@ persona (a page it may not open answers the console's own 403/404 page, checked 
 (uncaught exceptions and console errors) and no sideways scrolling, and saves a screenshot under
 test-artifacts/matrix/.
 
-One browser for the module, one context per (viewport, scheme) for the persona under test; failures are gathered and
-reported together, so one run shows everything that is wrong."""
+One browser for the module and one context per viewport for the persona under test; each page is checked in light
+colours, then again after the browser switches to dark. Failures are gathered and reported together, so one run
+shows everything that is wrong."""
 
 from __future__ import annotations
 
@@ -247,46 +248,54 @@ def _check(page, where: str, errors: list[str], failures: list[str], shot: str, 
 
 @pytest.mark.parametrize("persona", PERSONAS)
 def test_every_page_in_every_mode(console, persona, browser, live_server):
+    """Each page is loaded once per width, in light colours; then the browser switches to dark (as a user's system
+    does at dusk: the stylesheet's media query and the charts' redraw on the change) and the page is checked again."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
     visited = 0
     for size, viewport in VIEWPORTS.items():
-        for scheme in SCHEMES:
-            context = _context(browser, live_server, console.users[persona], viewport, scheme)
-            page = context.new_page()
-            errors: list[str] = []
-            expected_status: dict[str, int] = {"status": 200}
-            page.on("pageerror", lambda exc, errors=errors: errors.append(f"uncaught: {exc}"))
+        context = _context(browser, live_server, console.users[persona], viewport, SCHEMES[0])
+        page = context.new_page()
+        errors: list[str] = []
+        expected_status: dict[str, int] = {"status": 200}
+        page.on("pageerror", lambda exc, errors=errors: errors.append(f"uncaught: {exc}"))
 
-            def console_error(msg, errors=errors, expected_status=expected_status) -> None:
-                if msg.type != "error" or msg.text.startswith(IGNORED_CONSOLE):
-                    return
-                if (expected_status["status"] >= 400 and msg.text.startswith("Failed to load resource")
-                        and f"status of {expected_status['status']}" in msg.text):
-                    return  # the page under test is the console's own error page
-                errors.append(f"console: {msg.text} ({msg.location.get('url')})")
+        def console_error(msg, errors=errors, expected_status=expected_status) -> None:
+            if msg.type != "error" or msg.text.startswith(IGNORED_CONSOLE):
+                return
+            if (expected_status["status"] >= 400 and msg.text.startswith("Failed to load resource")
+                    and f"status of {expected_status['status']}" in msg.text):
+                return  # the page under test is the console's own error page
+            errors.append(f"console: {msg.text} ({msg.location.get('url')})")
 
-            page.on("console", console_error)
-            for visit in console.visits:
-                want = visit.status[persona]
-                if want is None:
+        page.on("console", console_error)
+        for visit in console.visits:
+            want = visit.status[persona]
+            if want is None:
+                continue
+            expected_status["status"] = want
+            page.emulate_media(color_scheme=SCHEMES[0])
+            where = f"{persona} {size}px {{scheme}} {visit.name} {visit.url}"
+            response = page.goto(visit.url)
+            assert response is not None
+            if response.status != want:
+                failures.append(f"{where.format(scheme=SCHEMES[0])}: answered {response.status}, expected {want}")
+                continue
+            if visit.then is not None and want == 200:
+                expected_status["status"] = visit.then_status
+                answered = visit.then(page)
+                if answered.status != visit.then_status:
+                    failures.append(f"{where.format(scheme=SCHEMES[0])}: its action answered {answered.status}, "
+                                    f"not {visit.then_status}")
                     continue
-                expected_status["status"] = want
-                where = f"{persona} {size}px {scheme} {visit.name} {visit.url}"
-                response = page.goto(visit.url)
-                assert response is not None
-                if response.status != want:
-                    failures.append(f"{where}: answered {response.status}, expected {want}")
-                    continue
-                if visit.then is not None and want == 200:
-                    expected_status["status"] = visit.then_status
-                    answered = visit.then(page)
-                    if answered.status != visit.then_status:
-                        failures.append(f"{where}: its action answered {answered.status}, not {visit.then_status}")
-                        continue
-                _check(page, where, errors, failures, f"{persona}-{size}-{scheme}-{visit.name}", visit.full_page)
+            for scheme in SCHEMES:
+                if scheme != SCHEMES[0]:
+                    page.emulate_media(color_scheme=scheme)
+                    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+                _check(page, where.format(scheme=scheme), errors, failures,
+                       f"{persona}-{size}-{scheme}-{visit.name}", visit.full_page)
                 visited += 1
-            context.close()
+        context.close()
     assert not failures, f"{len(failures)} of {visited} visits failed:\n" + "\n".join(failures)
     assert visited == 4 * sum(v.status[persona] is not None for v in console.visits)
 
