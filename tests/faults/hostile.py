@@ -146,6 +146,18 @@ def setup_cluster(mode: str, base: Path) -> HostileCluster:
     return cluster
 
 
+def hostile_cluster_fixture(mode: str):
+    """A module's `cluster` fixture: the hostile cluster in one agent set-up (MODES), skipped unless root."""
+
+    @pytest.fixture(scope="module")
+    def cluster(tmp_path_factory):
+        if os.geteuid() != 0:
+            pytest.skip("the agent must run as root to give jobs users of their own")
+        yield from hostile_cluster(mode, tmp_path_factory.mktemp(f"hostile-{mode}"))
+
+    return cluster
+
+
 def hostile_cluster(mode: str, base: Path):
     live = setup_cluster(mode, base)
     try:
