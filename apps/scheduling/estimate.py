@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 # The pass's sort key: (-priority, score, submitted at, job id).
 Order = tuple[int, float, float, int]
@@ -73,15 +73,12 @@ class Estimate:
     confidence: float
 
 
-@dataclass(order=True)
-class _Event:
-    at: float
-    seq: int
-    release: Release | None = field(compare=False)
-    # a reserved job's start (release None)
-    start: Waiting | None = field(default=None, compare=False)
-    # an expected submission joining the queue (release None)
-    arrival: Waiting | None = field(default=None, compare=False)
+# (at, sequence, release, a reserved job's start, an expected submission joining the queue): one of the last three
+_Event = tuple[float, int, Release | None, Waiting | None, Waiting | None]
+# (gpu type, GPUs, team, user, whether bound by quota): jobs of one demand (see estimate_starts)
+_BucketKey = tuple[str, int, str, str, bool]
+# (what the bucket's first job needs of the resource, token, bucket)
+_Parked = tuple[int, int, _BucketKey]
 
 
 def estimate_starts(
@@ -97,24 +94,58 @@ def estimate_starts(
     """job id -> its estimated start (None: it never starts on the predicted future, e.g. a job wider than its
     team's quota). `team_room`: quota units each team has left now (may be negative); `user_room`: the same for
     users with a cap (others have none). `arrivals`: (when, job) expected to be submitted (expected_arrivals),
-    each joining the queue then with the order it carries."""
+    each joining the queue then with the order it carries.
+
+    At each moment the job to start is the first in queue order, among the buckets' first jobs, that fits. The
+    buckets are kept by the type and number of GPUs their first job needs, each kind a heap by that job's order,
+    so a moment looks at the first of each kind that enough free GPUs would fit (O(kinds), not O(buckets)). A
+    bucket whose first job is held back by its team's quota or its user's cap is parked there with the units it
+    needs, and comes back only once a release has given them back (a start or a submission that changes its
+    first job looks at it again too)."""
     free = {t: free_by_type.get(t, 0) for t in capacity_by_type}
     team_room = dict(team_room)
     user_room = dict(user_room)
     # Untyped jobs are counted on the type with the most GPUs (a simplification of "any type").
     default_type = max(capacity_by_type, key=lambda t: (capacity_by_type[t], t), default=None)
     seq = itertools.count()
-    events = [_Event(r.at, next(seq), r) for r in releases]
-    events += [_Event(max(now, at), next(seq), None, arrival=replace(job, expected=True)) for at, job in arrivals]
+    events: list[_Event] = [(r.at, next(seq), r, None, None) for r in releases]
+    events += [(max(now, at), next(seq), None, None, replace(job, expected=True)) for at, job in arrivals]
     heapq.heapify(events)
-    buckets: dict[tuple[str, int, str, str, bool], list[tuple[Order, int, Waiting]]] = {}
+    buckets: dict[_BucketKey, list[tuple[Order, int, Waiting]]] = {}
+    queued = 0  # jobs in buckets
     estimates: dict[int, Estimate | None] = {}
+    # A bucket's current token: entries (of `by_gpus` and the parked heaps) with another token are stale.
+    tokens = itertools.count()
+    token: dict[_BucketKey, int] = {}
+    # gpu type -> GPUs -> (first job's order, token, bucket) of the buckets not held back by quota or cap
+    by_gpus: dict[str, dict[int, list[tuple[Order, int, _BucketKey]]]] = {}
+    short_of_team: dict[str, list[_Parked]] = {}
+    short_of_user: dict[tuple[str, str], list[_Parked]] = {}
 
-    def type_of(job: Waiting | Release) -> str | None:
-        return job.gpu_type or default_type
+    def review(key: _BucketKey) -> None:
+        """Park the bucket on the quota or cap that holds its first job back, or offer it by its GPUs."""
+        bucket = buckets[key]
+        t = token[key] = next(tokens)
+        if not bucket:
+            return
+        order, _, job = bucket[0]
+        if job.quota_bound and team_room.get(job.team, 0) < job.units:
+            heapq.heappush(short_of_team.setdefault(job.team, []), (job.units, t, key))
+        elif (room := user_room.get((job.team, job.user))) is not None and room < job.units:
+            heapq.heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, key))
+        else:
+            heapq.heappush(by_gpus.setdefault(key[0], {}).setdefault(key[1], []), (order, t, key))
+
+    def wake(parked: list[_Parked] | None, room: int) -> None:
+        """Review the buckets parked for at most `room` units."""
+        while parked and parked[0][0] <= room:
+            _, t, key = heapq.heappop(parked)
+            if token[key] == t:
+                review(key)
 
     def enqueue(job: Waiting) -> None:
-        gpu_type = type_of(job)
+        nonlocal queued
+        gpu_type = job.gpu_type or default_type
         if gpu_type is None or gpu_type not in capacity_by_type or job.gpus > capacity_by_type[gpu_type]:
             if not job.expected:
                 estimates.setdefault(job.job_id, None)
@@ -128,18 +159,35 @@ def estimate_starts(
             job.user if capped else "",
             job.quota_bound,
         )
-        heapq.heappush(buckets.setdefault(key, []), (job.order, next(seq), job))
+        bucket = buckets.setdefault(key, [])
+        heapq.heappush(bucket, (job.order, next(seq), job))
+        queued += 1
+        if bucket[0][2] is job:  # a new first job
+            review(key)
 
-    def fits(job: Waiting) -> bool:
-        if free[type_of(job) or ""] < job.gpus:
-            return False
+    def held_back(job: Waiting) -> bool:
+        """By its team's quota or its user's cap."""
         if job.quota_bound and team_room.get(job.team, 0) < job.units:
-            return False
+            return True
         room = user_room.get((job.team, job.user))
-        return room is None or room >= job.units
+        return room is not None and room < job.units
+
+    def first_fitting() -> list[tuple[Order, int, _BucketKey]] | None:
+        """The heap (in by_gpus) whose first bucket's first job comes first among those the free GPUs fit."""
+        best: list[tuple[Order, int, _BucketKey]] | None = None
+        for gpu_type, kinds in by_gpus.items():
+            room = free[gpu_type]
+            for gpus, heap in kinds.items():
+                if gpus > room:
+                    continue
+                while heap and token[heap[0][2]] != heap[0][1]:
+                    heapq.heappop(heap)
+                if heap and (best is None or heap[0][0] < best[0][0]):
+                    best = heap
+        return best
 
     def start(job: Waiting, at: float, confidence: float) -> None:
-        gpu_type = type_of(job) or ""
+        gpu_type = job.gpu_type or default_type or ""
         free[gpu_type] -= job.gpus
         team_room[job.team] = team_room.get(job.team, 0) - job.units
         if (job.team, job.user) in user_room:
@@ -152,7 +200,7 @@ def estimate_starts(
         release = Release(
             at + job.runtime_s, gpu_type, job.gpus, job.team, job.user, job.units, end_confidence
         )
-        heapq.heappush(events, _Event(release.at, next(seq), release))
+        heapq.heappush(events, (release.at, next(seq), release, None, None))
 
     reserved = 0  # reserved starts still to come
     # queued jobs still without an estimate: the replay stops when none is left
@@ -160,8 +208,8 @@ def estimate_starts(
     for job in queue:
         if job.fixed_start is None:
             enqueue(job)
-        elif type_of(job) in free:
-            heapq.heappush(events, _Event(max(now, job.fixed_start), next(seq), None, job))
+        elif (job.gpu_type or default_type) in free:
+            heapq.heappush(events, (max(now, job.fixed_start), next(seq), None, job, None))
             reserved += 1
         else:
             estimates[job.job_id] = None
@@ -169,36 +217,41 @@ def estimate_starts(
     clock = now
     while True:
         moment_confidence = 1.0
-        while events and events[0].at <= clock:
-            event = heapq.heappop(events)
-            release = event.release
+        while events and events[0][0] <= clock:
+            _, _, release, reserved_start, arrival = heapq.heappop(events)
             if release is None:
-                if event.arrival is not None:
-                    enqueue(event.arrival)
-                elif event.start is not None:
-                    start(event.start, clock, event.start.fixed_confidence)
+                if arrival is not None:
+                    enqueue(arrival)
+                elif reserved_start is not None:
+                    start(reserved_start, clock, reserved_start.fixed_confidence)
                     reserved -= 1
                 continue
             moment_confidence = min(moment_confidence, release.confidence)
-            gpu_type = type_of(release)
+            gpu_type = release.gpu_type or default_type
             if gpu_type in free:
                 free[gpu_type] += release.gpus
-            team_room[release.team] = team_room.get(release.team, 0) + release.units
-            if (release.team, release.user) in user_room:
-                user_room[(release.team, release.user)] += release.units
+            team = release.team
+            team_room[team] = team_room.get(team, 0) + release.units
+            wake(short_of_team.get(team), team_room[team])
+            user = (team, release.user)
+            if user in user_room:
+                user_room[user] += release.units
+                wake(short_of_user.get(user), user_room[user])
             if release.requeue is not None:
                 enqueue(release.requeue)
-        while True:
-            best: list[tuple[Order, int, Waiting]] | None = None
-            for bucket in buckets.values():
-                if bucket and (best is None or bucket[0][0] < best[0][0]) and fits(bucket[0][2]):
-                    best = bucket
-            if best is None:
-                break
-            start(heapq.heappop(best)[2], clock, moment_confidence)
-        if not unplaced or not (reserved or any(buckets.values())) or not events:
+        while (heap := first_fitting()) is not None:
+            key = heapq.heappop(heap)[2]
+            bucket = buckets[key]
+            if held_back(bucket[0][2]):  # (starts since it was offered took the room)
+                review(key)
+                continue
+            job = heapq.heappop(bucket)[2]
+            queued -= 1
+            start(job, clock, moment_confidence)
+            review(key)
+        if not unplaced or not (reserved or queued) or not events:
             break
-        clock = max(clock, events[0].at)
+        clock = max(clock, events[0][0])
     for job_id in unplaced:
         estimates.setdefault(job_id, None)
     return estimates
