@@ -73,12 +73,17 @@ class Estimate:
     confidence: float
 
 
-# (at, sequence, release, a reserved job's start, an expected submission joining the queue): one of the last three
-_Event = tuple[float, int, Release | None, Waiting | None, Waiting | None]
+# A release in the replay: (at, sequence, gpu type (untyped: the default one), GPUs, team, user, units,
+# confidence, requeue); the sequence keeps releases at one moment in order and is never equal.
+_Freed = tuple[float, int, str | None, int, str, str, int, float, Waiting | None]
+# (at, sequence, a reserved job's start, an expected submission joining the queue): one of the last two
+_Event = tuple[float, int, Waiting | None, Waiting | None]
 # (gpu type, GPUs, team, user, whether bound by quota): jobs of one demand (see estimate_starts)
 _BucketKey = tuple[str, int, str, str, bool]
 # (what the bucket's first job needs of the resource, token, bucket)
 _Parked = tuple[int, int, _BucketKey]
+# (the bucket's first job's order, token, bucket)
+_Offer = tuple[Order, int, _BucketKey]
 
 
 def estimate_starts(
@@ -97,28 +102,36 @@ def estimate_starts(
     each joining the queue then with the order it carries.
 
     At each moment the job to start is the first in queue order, among the buckets' first jobs, that fits. The
-    buckets are kept by the type and number of GPUs their first job needs, each kind a heap by that job's order,
-    so a moment looks at the first of each kind that enough free GPUs would fit (O(kinds), not O(buckets)). A
-    bucket whose first job is held back by its team's quota or its user's cap is parked there with the units it
-    needs, and comes back only once a release has given them back (a start or a submission that changes its
-    first job looks at it again too)."""
+    buckets are offered by the type and number of GPUs their first job needs, each kind a heap by that job's
+    order, so a moment looks at the first of each kind that the free GPUs fit (O(kinds), not O(buckets)), and
+    only again for a type whose free GPUs or offers changed. A bucket whose first job is held back by its team's
+    quota or its user's cap is parked there with the units it needs, and is offered again only once a release
+    has given them back (or its first job changed: a start, a submission)."""
     free = {t: free_by_type.get(t, 0) for t in capacity_by_type}
     team_room = dict(team_room)
     user_room = dict(user_room)
     # Untyped jobs are counted on the type with the most GPUs (a simplification of "any type").
     default_type = max(capacity_by_type, key=lambda t: (capacity_by_type[t], t), default=None)
     seq = itertools.count()
-    events: list[_Event] = [(r.at, next(seq), r, None, None) for r in releases]
-    events += [(max(now, at), next(seq), None, None, replace(job, expected=True)) for at, job in arrivals]
+    freed: list[_Freed] = [
+        (r.at, next(seq), r.gpu_type or default_type, r.gpus, r.team, r.user, r.units, r.confidence, r.requeue)
+        for r in releases
+    ]
+    heapq.heapify(freed)
+    events: list[_Event] = [(max(now, at), next(seq), None, replace(job, expected=True)) for at, job in arrivals]
     heapq.heapify(events)
     buckets: dict[_BucketKey, list[tuple[Order, int, Waiting]]] = {}
     queued = 0  # jobs in buckets
     estimates: dict[int, Estimate | None] = {}
-    # A bucket's current token: entries (of `by_gpus` and the parked heaps) with another token are stale.
+    # A bucket's current token: entries (offers, parked) with another token are stale.
     tokens = itertools.count()
     token: dict[_BucketKey, int] = {}
-    # gpu type -> GPUs -> (first job's order, token, bucket) of the buckets not held back by quota or cap
-    by_gpus: dict[str, dict[int, list[tuple[Order, int, _BucketKey]]]] = {}
+    # gpu type -> GPUs -> offers of the buckets not held back by quota or cap
+    offers: dict[str, dict[int, list[_Offer]]] = {t: {} for t in capacity_by_type}
+    # gpu type -> the heap (in offers) whose first offer comes first among those its free GPUs fit; types
+    # whose free GPUs or offers changed since are in `changed`
+    best_of: dict[str, list[_Offer] | None] = {}
+    changed: set[str] = set(capacity_by_type)
     short_of_team: dict[str, list[_Parked]] = {}
     short_of_user: dict[tuple[str, str], list[_Parked]] = {}
 
@@ -126,6 +139,7 @@ def estimate_starts(
         """Park the bucket on the quota or cap that holds its first job back, or offer it by its GPUs."""
         bucket = buckets[key]
         t = token[key] = next(tokens)
+        changed.add(key[0])
         if not bucket:
             return
         order, _, job = bucket[0]
@@ -134,7 +148,7 @@ def estimate_starts(
         elif (room := user_room.get((job.team, job.user))) is not None and room < job.units:
             heapq.heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, key))
         else:
-            heapq.heappush(by_gpus.setdefault(key[0], {}).setdefault(key[1], []), (order, t, key))
+            heapq.heappush(offers[key[0]].setdefault(key[1], []), (order, t, key))
 
     def wake(parked: list[_Parked] | None, room: int) -> None:
         """Review the buckets parked for at most `room` units."""
@@ -172,23 +186,30 @@ def estimate_starts(
         room = user_room.get((job.team, job.user))
         return room is not None and room < job.units
 
-    def first_fitting() -> list[tuple[Order, int, _BucketKey]] | None:
-        """The heap (in by_gpus) whose first bucket's first job comes first among those the free GPUs fit."""
-        best: list[tuple[Order, int, _BucketKey]] | None = None
-        for gpu_type, kinds in by_gpus.items():
+    def first_fitting() -> list[_Offer] | None:
+        """The heap (in offers) whose first offer comes first among those the free GPUs fit."""
+        for gpu_type in changed:
             room = free[gpu_type]
-            for gpus, heap in kinds.items():
+            best: list[_Offer] | None = None
+            for gpus, heap in offers[gpu_type].items():
                 if gpus > room:
                     continue
                 while heap and token[heap[0][2]] != heap[0][1]:
                     heapq.heappop(heap)
                 if heap and (best is None or heap[0][0] < best[0][0]):
                     best = heap
-        return best
+            best_of[gpu_type] = best
+        changed.clear()
+        first: list[_Offer] | None = None
+        for candidate in best_of.values():
+            if candidate is not None and (first is None or candidate[0][0] < first[0][0]):
+                first = candidate
+        return first
 
     def start(job: Waiting, at: float, confidence: float) -> None:
         gpu_type = job.gpu_type or default_type or ""
         free[gpu_type] -= job.gpus
+        changed.add(gpu_type)
         team_room[job.team] = team_room.get(job.team, 0) - job.units
         if (job.team, job.user) in user_room:
             user_room[(job.team, job.user)] -= job.units
@@ -196,11 +217,8 @@ def estimate_starts(
         if not job.expected and job.job_id not in estimates:
             estimates[job.job_id] = Estimate(at, confidence)
             unplaced.discard(job.job_id)
-        end_confidence = min(confidence, job.confidence)
-        release = Release(
-            at + job.runtime_s, gpu_type, job.gpus, job.team, job.user, job.units, end_confidence
-        )
-        heapq.heappush(events, (release.at, next(seq), release, None, None))
+        heapq.heappush(freed, (at + job.runtime_s, next(seq), gpu_type, job.gpus, job.team, job.user, job.units,
+                               min(confidence, job.confidence), None))
 
     reserved = 0  # reserved starts still to come
     # queued jobs still without an estimate: the replay stops when none is left
@@ -209,38 +227,37 @@ def estimate_starts(
         if job.fixed_start is None:
             enqueue(job)
         elif (job.gpu_type or default_type) in free:
-            heapq.heappush(events, (max(now, job.fixed_start), next(seq), None, job, None))
+            heapq.heappush(events, (max(now, job.fixed_start), next(seq), job, None))
             reserved += 1
         else:
             estimates[job.job_id] = None
             unplaced.discard(job.job_id)
     clock = now
     while True:
-        moment_confidence = 1.0
         while events and events[0][0] <= clock:
-            _, _, release, reserved_start, arrival = heapq.heappop(events)
-            if release is None:
-                if arrival is not None:
-                    enqueue(arrival)
-                elif reserved_start is not None:
-                    start(reserved_start, clock, reserved_start.fixed_confidence)
-                    reserved -= 1
-                continue
-            moment_confidence = min(moment_confidence, release.confidence)
-            gpu_type = release.gpu_type or default_type
+            _, _, reserved_start, arrival = heapq.heappop(events)
+            if arrival is not None:
+                enqueue(arrival)
+            elif reserved_start is not None:
+                start(reserved_start, clock, reserved_start.fixed_confidence)
+                reserved -= 1
+        moment_confidence = 1.0
+        while freed and freed[0][0] <= clock:
+            _, _, gpu_type, gpus, team, user, units, confidence, requeue = heapq.heappop(freed)
+            moment_confidence = min(moment_confidence, confidence)
             if gpu_type in free:
-                free[gpu_type] += release.gpus
-            team = release.team
-            team_room[team] = team_room.get(team, 0) + release.units
-            wake(short_of_team.get(team), team_room[team])
-            user = (team, release.user)
-            if user in user_room:
-                user_room[user] += release.units
-                wake(short_of_user.get(user), user_room[user])
-            if release.requeue is not None:
-                enqueue(release.requeue)
+                free[gpu_type] += gpus
+                changed.add(gpu_type)
+            team_room[team] = room = team_room.get(team, 0) + units
+            wake(short_of_team.get(team), room)
+            if (team, user) in user_room:
+                user_room[(team, user)] = room = user_room[(team, user)] + units
+                wake(short_of_user.get((team, user)), room)
+            if requeue is not None:
+                enqueue(requeue)
         while (heap := first_fitting()) is not None:
             key = heapq.heappop(heap)[2]
+            changed.add(key[0])
             bucket = buckets[key]
             if held_back(bucket[0][2]):  # (starts since it was offered took the room)
                 review(key)
@@ -249,9 +266,9 @@ def estimate_starts(
             queued -= 1
             start(job, clock, moment_confidence)
             review(key)
-        if not unplaced or not (reserved or queued) or not events:
+        if not unplaced or not (reserved or queued) or not (events or freed):
             break
-        clock = max(clock, events[0][0])
+        clock = max(clock, min(q[0][0] for q in (events, freed) if q))
     for job_id in unplaced:
         estimates.setdefault(job_id, None)
     return estimates

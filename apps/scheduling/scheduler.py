@@ -151,6 +151,8 @@ class ConsolePass:
         self.placed_jobs: list[tuple[PendingJob, float, int]] = []
         # job id -> the order's estimate of its remaining GPU-time (ordering.estimate_service)
         self.service: dict[int, ServiceEstimate] = {}
+        # job id -> its score (_score)
+        self.scores: dict[int, float] = {}
 
     # -- scores -------------------------------------------------------------------------------------------
     def _remaining(self, job: PendingJob | RunningJob) -> float:
@@ -160,18 +162,25 @@ class ConsolePass:
         return max(remaining, MIN_DECISION_REMAINING_S)
 
     def _score(self, job: PendingJob | RunningJob, remaining_s: float) -> float:
+        """The job's place in its class (lower first). It does not depend on `remaining_s` (the order's own
+        estimate, ordering.estimate_service, is kept per job id), so it is computed once per job and pass."""
+        score = self.scores.get(job.job_id)
+        if score is not None:
+            return score
         ordering = self.config.ordering
         if ordering == "fifo":
-            return 0.0
-        boost = aging_boost(job.submitted_at, self.now, self.config.aging_s)
-        penalty = self.fair.penalty(job.team, job.user)
-        if ordering == "fair-share":
-            return penalty / boost
-        service = self.service.get(job.job_id)
-        if service is None:
-            service = estimate_service(job, self.now, self.snapshot.history)
-            self.service[job.job_id] = service
-        return service.remaining_gpu_s * penalty / boost
+            score = 0.0
+        else:
+            boost = aging_boost(job.submitted_at, self.now, self.config.aging_s)
+            penalty = self.fair.penalty(job.team, job.user)
+            if ordering == "fair-share":
+                score = penalty / boost
+            else:
+                service = estimate_service(job, self.now, self.snapshot.history)
+                self.service[job.job_id] = service
+                score = service.remaining_gpu_s * penalty / boost
+        self.scores[job.job_id] = score
+        return score
 
     def _running_states(self) -> None:
         config = self.config
