@@ -73,7 +73,7 @@ SERVICE_QUANTILES = (0.25, 0.5, 0.75, 0.9)
 MIN_QUEUE_SIGMA = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: made for every job of every pass, and five times cheaper so)
 class ServiceEstimate:
     """What the order knows of a job's remaining GPU-time: the blend (GPU-seconds) and the attained-service queue
     the job is in (its floor was crossed; `next_floor`: the GPU-seconds at which it moves on, None in the last)."""

@@ -73,6 +73,8 @@ Choice = tuple[tuple[int, ...], int]
 Release = tuple[float, tuple[int, ...], str, int, int]
 # a waiting job in pass order: (-priority, score, submitted at, job id, job, predicted remaining seconds)
 Ranked = tuple[int, float, float, int, PendingJob, float]
+# a job left waiting: (job, predicted remaining seconds, code, reason, its order in the pass)
+Explained = tuple[PendingJob, float, str, str, Order]
 
 
 @dataclass(slots=True)
@@ -153,6 +155,8 @@ class ConsolePass:
         self.service: dict[int, ServiceEstimate] = {}
         # job id -> its score (_score)
         self.scores: dict[int, float] = {}
+        # team -> whether it may borrow beyond its quota at all (_waiting_entry)
+        self.team_lends: dict[str, bool] = {}
 
     # -- scores -------------------------------------------------------------------------------------------
     def _remaining(self, job: PendingJob | RunningJob) -> float:
@@ -458,15 +462,16 @@ class ConsolePass:
         if fractions:
             self.fence = self._fraction_fence(ordered)
 
-        waiting: list[tuple[PendingJob, float, str, str]] = []
+        waiting: list[Explained] = []
         higher_class_waiting: dict[int, int] = defaultdict(int)
-        for _, score, _, _, job, remaining in ordered:
-            code_reason = self._place_or_explain(job, score, remaining, higher_class_waiting)
+        place_or_explain = self._place_or_explain
+        for negative_priority, score, submitted_at, job_id, job, remaining in ordered:
+            code_reason = place_or_explain(job, score, remaining, higher_class_waiting)
             if code_reason is not None:
                 code, reason = code_reason
-                waiting.append((job, remaining, code, reason))
+                waiting.append((job, remaining, code, reason, (negative_priority, score, submitted_at, job_id)))
                 if code not in NO_ESTIMATE and code not in OWN_LIMIT:
-                    higher_class_waiting[int(job.priority)] += 1
+                    higher_class_waiting[-negative_priority] += 1
         self._explain(waiting)
         # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
         wake_at = self.now if self.preemptions and self.pending else self._wake_at()
@@ -592,7 +597,7 @@ class ConsolePass:
         self.free.take(extra)
         return fits
 
-    def _explain(self, waiting: list[tuple[PendingJob, float, str, str]]) -> None:
+    def _explain(self, waiting: list[Explained]) -> None:
         capacity = dict(self.schedulable_total)
         free_by_type = {t: self.free.totals.get(t, 0) for t in capacity}
         if self.reservation is not None:
@@ -606,22 +611,23 @@ class ConsolePass:
             for team, q in quotas.items()
             for user, cap in q.user_max_gpus.items()
         }
-        ranked = [(job, remaining) for job, remaining, code, _ in waiting if code not in NO_ESTIMATE]
+        ranked = [(job, remaining, order) for job, remaining, code, _, order in waiting if code not in NO_ESTIMATE]
         queue = self._queue(ranked)
         starts = estimate_starts(
             self.now, free_by_type, capacity, team_room, user_room, self._ends(ranked), queue,
             expected_arrivals(self.now, self._recent(queue)),
         )
-        for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
+        pending = self.pending
+        for position, (job, remaining, code, reason, _) in enumerate(waiting, start=1):
             estimate = starts.get(job.job_id)
-            self.pending[job.job_id] = PendingInfo(
-                self._agreeing_reason(code, reason, position),
-                position,
-                estimate.start if estimate is not None else None,
-                code,
-                predicted_runtime_s=remaining,
-                confidence=round(estimate.confidence, 2) if estimate is not None else None,
-            )
+            if code == "waiting" and position == 1:
+                reason = self._agreeing_reason(code, reason, position)
+            if estimate is None:
+                pending[job.job_id] = PendingInfo(reason, position, None, code, remaining, None)
+            else:
+                pending[job.job_id] = PendingInfo(
+                    reason, position, estimate.start, code, remaining, round(estimate.confidence, 2)
+                )
 
     def _recent(self, queue: list[Waiting]) -> list[Waiting]:
         """The jobs submitted in the last day (waiting, placed in this pass, or running), as the replay's entries:
@@ -647,27 +653,21 @@ class ConsolePass:
         return reason
 
     def _waiting_entry(self, job: PendingJob | RunningJob, remaining: float, order: Order) -> Waiting:
-        quota = self.snapshot.quotas.get(job.team)
-        may_borrow = (
-            quota is not None
-            and self.config.borrowing
-            and quota.may_borrow
-            and job.preemptible
-            and job.preemption_count < self.config.max_preemptions_per_job
-        )
+        lends = self.team_lends.get(job.team)  # (the team may borrow at all: once per team and pass)
+        if lends is None:
+            quota = self.snapshot.quotas.get(job.team)
+            lends = self.team_lends[job.team] = quota is not None and self.config.borrowing and quota.may_borrow
+        may_borrow = lends and job.preemptible and job.preemption_count < self.config.max_preemptions_per_job
         units = FULL * job.gpus if not is_fractional(job) else min_units(job)
         return Waiting(
             job.job_id, order, job.team, job.user, job.gpus, job.gpu_type, units,
             min(remaining, self.expected.get(job.job_id, remaining)), self.confidence.get(job.job_id, 0.0),
-            quota_bound=not may_borrow,
+            not may_borrow,
         )
 
-    def _queue(self, ranked: list[tuple[PendingJob, float]]) -> list[Waiting]:
-        queue = [
-            self._waiting_entry(job, remaining, (-int(job.priority), self._score(job, remaining), job.submitted_at,
-                                                 job.job_id))
-            for job, remaining in ranked
-        ]
+    def _queue(self, ranked: list[tuple[PendingJob, float, Order]]) -> list[Waiting]:
+        entry = self._waiting_entry
+        queue = [entry(job, remaining, order) for job, remaining, order in ranked]
         head = self.reservation
         if head is None:
             return queue
@@ -677,16 +677,20 @@ class ConsolePass:
             replace(w, fixed_start=head.start, fixed_confidence=sure) if w.job_id == head.job_id else w for w in queue
         ]
 
-    def _stoppable_at(self, ranked: list[tuple[PendingJob, float]]) -> dict[int, float]:
+    def _stoppable_at(self, ranked: list[tuple[PendingJob, float, Order]]) -> dict[int, float]:
         """Running job id -> when a waiting job may stop it (preemption.py's rules for its own team: a higher
         class, or a much shorter job of its class), no earlier than its minimum run time allows."""
         config = self.config
         top_class: dict[str, int] = {}
         best_score: dict[tuple[str, int], float] = {}
-        for job, remaining in ranked:
-            top_class[job.team] = max(top_class.get(job.team, -1), int(job.priority))
-            key = (job.team, int(job.priority))
-            best_score[key] = min(best_score.get(key, float("inf")), self._score(job, remaining))
+        inf = float("inf")
+        for job, _, (negative_priority, score, _, _) in ranked:
+            team, priority = job.team, -negative_priority
+            if top_class.get(team, -1) < priority:
+                top_class[team] = priority
+            key = (team, priority)
+            if score < best_score.get(key, inf):
+                best_score[key] = score
         stoppable: dict[int, float] = {}
         for state in self.states:
             running = state.job
@@ -701,7 +705,7 @@ class ConsolePass:
                 stoppable[running.job_id] = max(self.now, running.started_at + protection)
         return stoppable
 
-    def _ends(self, ranked: list[tuple[PendingJob, float]]) -> list[EndsAt]:
+    def _ends(self, ranked: list[tuple[PendingJob, float, Order]]) -> list[EndsAt]:
         """When running jobs (and those placed in this pass) give their GPUs and quota back: at their predicted
         end, or when they may be stopped (then they wait again for the rest). A GPU shared by fractions comes
         back when the last of them ends."""
