@@ -82,10 +82,10 @@ _Freed = tuple[float, int, str | None, int, str, str, int, float, Waiting | None
 _Event = tuple[float, int, Waiting | None, Waiting | None]
 # (gpu type, GPUs, team, user, whether bound by quota): jobs of one demand (see estimate_starts)
 _BucketKey = tuple[str, int, str, str, bool]
-# (what the bucket's first job needs of the resource, token, bucket)
-_Parked = tuple[int, int, _BucketKey]
-# (the bucket's first job's order, token, bucket)
-_Offer = tuple[Order, int, _BucketKey]
+# (what the bucket's first job needs of the resource, token, bucket number)
+_Parked = tuple[int, int, int]
+# (the bucket's first job's order, token, bucket number)
+_Offer = tuple[Order, int, int]
 
 
 def estimate_starts(
@@ -105,10 +105,12 @@ def estimate_starts(
 
     At each moment the job to start is the first in queue order, among the buckets' first jobs, that fits. The
     buckets are offered by the type and number of GPUs their first job needs, each kind a heap by that job's
-    order, so a moment looks at the first of each kind that the free GPUs fit (O(kinds), not O(buckets)), and
-    only again for a type whose free GPUs or offers changed. A bucket whose first job is held back by its team's
-    quota or its user's cap is parked there with the units it needs, and is offered again only once a release
-    has given them back (or its first job changed: a start, a submission)."""
+    order, so a moment looks at the first offer of each kind that the free GPUs fit (O(kinds), not O(buckets)),
+    and only again for a type whose free GPUs or offers changed. A bucket whose first job is held back by its
+    team's quota or its user's cap is parked there with the units it needs, and is offered again only once a
+    release has given them back (or its first job changed: a start, a submission). Every offer and parking
+    carries the bucket's token of the time: a bucket offered or parked again gets a new one, and the entries
+    with an old one are skipped."""
     free = {t: free_by_type.get(t, 0) for t in capacity_by_type}
     team_room = dict(team_room)
     user_room = dict(user_room)
@@ -122,42 +124,62 @@ def estimate_starts(
     heapq.heapify(freed)
     events: list[_Event] = [(max(now, at), next(seq), None, replace(job, expected=True)) for at, job in arrivals]
     heapq.heapify(events)
-    buckets: dict[_BucketKey, list[tuple[Order, int, Waiting]]] = {}
-    queued = 0  # jobs in buckets
     estimates: dict[int, Estimate | None] = {}
-    # A bucket's current token: entries (offers, parked) with another token are stale.
+    # Buckets by number: the jobs (in a heap by order), (gpu type, GPUs), current token.
+    numbers: dict[_BucketKey, int] = {}
+    buckets: list[list[tuple[Order, int, Waiting]]] = []
+    kinds: list[tuple[str, int]] = []
+    token: list[int] = []
     tokens = itertools.count()
-    token: dict[_BucketKey, int] = {}
-    # gpu type -> GPUs -> offers of the buckets not held back by quota or cap
+    queued = 0  # jobs in buckets
+    # gpu type -> GPUs -> offers of the buckets not held back by quota or cap; and the same as (GPUs, offers)
+    # in ascending GPUs
     offers: dict[str, dict[int, list[_Offer]]] = {t: {} for t in capacity_by_type}
-    # gpu type -> the heap (in offers) whose first offer comes first among those its free GPUs fit; types
-    # whose free GPUs or offers changed since are in `changed`
+    by_size: dict[str, list[tuple[int, list[_Offer]]]] = {t: [] for t in capacity_by_type}
+    # gpu type -> the offers whose first comes first among those its free GPUs fit; `changed`: the types whose
+    # free GPUs or offers changed since
     best_of: dict[str, list[_Offer] | None] = {}
     changed: set[str] = set(capacity_by_type)
     short_of_team: dict[str, list[_Parked]] = {}
     short_of_user: dict[tuple[str, str], list[_Parked]] = {}
 
-    def review(key: _BucketKey) -> None:
-        """Park the bucket on the quota or cap that holds its first job back, or offer it by its GPUs."""
-        bucket = buckets[key]
-        t = token[key] = next(tokens)
-        changed.add(key[0])
+    def new_token(b: int) -> int:
+        t = token[b] = next(tokens)
+        changed.add(kinds[b][0])
+        return t
+
+    def held_back(job: Waiting) -> bool:
+        """By its team's quota or its user's cap."""
+        if job.quota_bound and team_room.get(job.team, 0) < job.units:
+            return True
+        room = user_room.get((job.team, job.user))
+        return room is not None and room < job.units
+
+    def review(b: int) -> None:
+        """Park bucket `b` on the quota or cap that holds its first job back, or offer it by its GPUs."""
+        bucket = buckets[b]
+        t = new_token(b)
         if not bucket:
             return
         order, _, job = bucket[0]
         if job.quota_bound and team_room.get(job.team, 0) < job.units:
-            heapq.heappush(short_of_team.setdefault(job.team, []), (job.units, t, key))
+            heapq.heappush(short_of_team.setdefault(job.team, []), (job.units, t, b))
         elif (room := user_room.get((job.team, job.user))) is not None and room < job.units:
-            heapq.heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, key))
+            heapq.heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, b))
         else:
-            heapq.heappush(offers[key[0]].setdefault(key[1], []), (order, t, key))
+            gpu_type, gpus = kinds[b]
+            heap = offers[gpu_type].get(gpus)
+            if heap is None:
+                heap = offers[gpu_type][gpus] = []
+                by_size[gpu_type] = sorted(offers[gpu_type].items(), key=lambda item: item[0])
+            heapq.heappush(heap, (order, t, b))
 
-    def wake(parked: list[_Parked] | None, room: int) -> None:
+    def wake(parked: list[_Parked], room: int) -> None:
         """Review the buckets parked for at most `room` units."""
         while parked and parked[0][0] <= room:
-            _, t, key = heapq.heappop(parked)
-            if token[key] == t:
-                review(key)
+            _, t, b = heapq.heappop(parked)
+            if token[b] == t:
+                review(b)
 
     def enqueue(job: Waiting) -> None:
         nonlocal queued
@@ -175,27 +197,26 @@ def estimate_starts(
             job.user if capped else "",
             job.quota_bound,
         )
-        bucket = buckets.setdefault(key, [])
+        b = numbers.get(key)
+        if b is None:
+            b = numbers[key] = len(buckets)
+            buckets.append([])
+            kinds.append((gpu_type, job.gpus))
+            token.append(-1)
+        bucket = buckets[b]
         heapq.heappush(bucket, (job.order, next(seq), job))
         queued += 1
         if bucket[0][2] is job:  # a new first job
-            review(key)
-
-    def held_back(job: Waiting) -> bool:
-        """By its team's quota or its user's cap."""
-        if job.quota_bound and team_room.get(job.team, 0) < job.units:
-            return True
-        room = user_room.get((job.team, job.user))
-        return room is not None and room < job.units
+            review(b)
 
     def first_fitting() -> list[_Offer] | None:
-        """The heap (in offers) whose first offer comes first among those the free GPUs fit."""
+        """The offers whose first comes first among those the free GPUs fit."""
         for gpu_type in changed:
             room = free[gpu_type]
             best: list[_Offer] | None = None
-            for gpus, heap in offers[gpu_type].items():
+            for gpus, heap in by_size[gpu_type]:
                 if gpus > room:
-                    continue
+                    break
                 while heap and token[heap[0][2]] != heap[0][1]:
                     heapq.heappop(heap)
                 if heap and (best is None or heap[0][0] < best[0][0]):
@@ -251,26 +272,36 @@ def estimate_starts(
                 free[gpu_type] += gpus
                 changed.add(gpu_type)
             team_room[team] = room = team_room.get(team, 0) + units
-            wake(short_of_team.get(team), room)
+            if (parked := short_of_team.get(team)) and parked[0][0] <= room:
+                wake(parked, room)
             if (team, user) in user_room:
                 user_room[(team, user)] = room = user_room[(team, user)] + units
-                wake(short_of_user.get((team, user)), room)
+                if (parked := short_of_user.get((team, user))) and parked[0][0] <= room:
+                    wake(parked, room)
             if requeue is not None:
                 enqueue(requeue)
         while (heap := first_fitting()) is not None:
-            key = heapq.heappop(heap)[2]
-            changed.add(key[0])
-            bucket = buckets[key]
+            b = heap[0][2]
+            bucket = buckets[b]
             if held_back(bucket[0][2]):  # (starts since it was offered took the room)
-                review(key)
+                heapq.heappop(heap)
+                review(b)
                 continue
             job = heapq.heappop(bucket)[2]
             queued -= 1
             start(job, clock, moment_confidence)
-            review(key)
+            # the bucket's next job, offered in its place unless held back
+            if bucket and not held_back(bucket[0][2]):
+                heapq.heapreplace(heap, (bucket[0][0], new_token(b), b))
+            else:
+                heapq.heappop(heap)
+                review(b)
         if not unplaced or not (reserved or queued) or not (events or freed):
             break
-        clock = max(clock, min(q[0][0] for q in (events, freed) if q))
+        if freed and (not events or freed[0][0] < events[0][0]):
+            clock = max(clock, freed[0][0])
+        else:
+            clock = max(clock, events[0][0])
     for job_id in unplaced:
         estimates.setdefault(job_id, None)
     return estimates
