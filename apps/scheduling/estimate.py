@@ -181,14 +181,14 @@ def estimate_starts(
             if token[b] == t:
                 review(b)
 
-    def enqueue(job: Waiting) -> None:
-        nonlocal queued
+    def bucket_of(job: Waiting) -> int | None:
+        """The number of the job's bucket (made if new), or None for a job that no type here can ever fit."""
         gpu_type = job.gpu_type or default_type
         if gpu_type is None or gpu_type not in capacity_by_type or job.gpus > capacity_by_type[gpu_type]:
             if not job.expected:
                 estimates.setdefault(job.job_id, None)
                 unplaced.discard(job.job_id)
-            return
+            return None
         capped = (job.team, job.user) in user_room
         key = (
             gpu_type,
@@ -203,6 +203,13 @@ def estimate_starts(
             buckets.append([])
             kinds.append((gpu_type, job.gpus))
             token.append(-1)
+        return b
+
+    def enqueue(job: Waiting) -> None:
+        nonlocal queued
+        b = bucket_of(job)
+        if b is None:
+            return
         bucket = buckets[b]
         heapq.heappush(bucket, (job.order, next(seq), job))
         queued += 1
@@ -248,13 +255,18 @@ def estimate_starts(
     unplaced = {job.job_id for job in queue}
     for job in queue:
         if job.fixed_start is None:
-            enqueue(job)
+            if (b := bucket_of(job)) is not None:
+                buckets[b].append((job.order, next(seq), job))
+                queued += 1
         elif (job.gpu_type or default_type) in free:
             heapq.heappush(events, (max(now, job.fixed_start), next(seq), job, None))
             reserved += 1
         else:
             estimates[job.job_id] = None
             unplaced.discard(job.job_id)
+    for b, bucket in enumerate(buckets):
+        heapq.heapify(bucket)
+        review(b)
     clock = now
     while True:
         while events and events[0][0] <= clock:

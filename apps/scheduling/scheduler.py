@@ -492,9 +492,10 @@ class ConsolePass:
         if quota.budget_spent:
             return "budget", budget_reason(job.team)
         capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb, job.needs_containers)
-        if capacity_key not in self.capacity_reasons:
-            self.capacity_reasons[capacity_key] = self._capacity_reason(job)
-        capacity = self.capacity_reasons[capacity_key]
+        try:
+            capacity = self.capacity_reasons[capacity_key]
+        except KeyError:
+            capacity = self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         if capacity is not None:
             return capacity
         need = FULL * job.gpus if job.gpus != 1 else min_units(job)
@@ -544,7 +545,10 @@ class ConsolePass:
                 return "reserved", (
                     f"next to start: {job.gpus} GPUs{_type_label(job.gpu_type)} reserved for it as running jobs end"
                 )
-        ahead = sum(n for prio, n in higher_class_waiting.items() if prio > int(job.priority))
+        priority, ahead = int(job.priority), 0
+        for prio, n in higher_class_waiting.items():  # (a loop: a generator costs more, for a few classes)
+            if prio > priority:
+                ahead += n
         if ahead:
             return "priority", f"behind {ahead} higher-priority jobs waiting for GPUs"
         if is_fractional(job):
