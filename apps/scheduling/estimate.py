@@ -152,6 +152,8 @@ def estimate_starts(
         """By its team's quota or its user's cap."""
         if job.quota_bound and team_room.get(job.team, 0) < job.units:
             return True
+        if not user_room:  # (no caps: the common case, without making a key)
+            return False
         room = user_room.get((job.team, job.user))
         return room is not None and room < job.units
 
@@ -164,7 +166,7 @@ def estimate_starts(
         order, _, job = bucket[0]
         if job.quota_bound and team_room.get(job.team, 0) < job.units:
             heapq.heappush(short_of_team.setdefault(job.team, []), (job.units, t, b))
-        elif (room := user_room.get((job.team, job.user))) is not None and room < job.units:
+        elif user_room and (room := user_room.get((job.team, job.user))) is not None and room < job.units:
             heapq.heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, b))
         else:
             gpu_type, gpus = kinds[b]
@@ -241,7 +243,7 @@ def estimate_starts(
         free[gpu_type] -= job.gpus
         changed.add(gpu_type)
         team_room[job.team] = team_room.get(job.team, 0) - job.units
-        if (job.team, job.user) in user_room:
+        if user_room and (job.team, job.user) in user_room:
             user_room[(job.team, job.user)] -= job.units
         # A job stopped and waiting again keeps the estimate of its first wait.
         if not job.expected and job.job_id not in estimates:
@@ -286,7 +288,7 @@ def estimate_starts(
             team_room[team] = room = team_room.get(team, 0) + units
             if (parked := short_of_team.get(team)) and parked[0][0] <= room:
                 wake(parked, room)
-            if (team, user) in user_room:
+            if user_room and (team, user) in user_room:
                 user_room[(team, user)] = room = user_room[(team, user)] + units
                 if (parked := short_of_user.get((team, user))) and parked[0][0] <= room:
                     wake(parked, room)
