@@ -84,6 +84,8 @@ class ServiceEstimate:
 
 
 def _queue_of(queues: tuple[ServiceQueue, ...], attained: float) -> int:
+    if attained <= 0.0:  # (a job never run, most of a long queue: the floors rise from 0)
+        return 0
     index = 0
     for i, queue in enumerate(queues):
         if attained >= queue.floor:
