@@ -16,8 +16,9 @@ Each estimate carries a confidence in [0, 1]: the lowest confidence of the predi
 start at that moment (a replayed job's end is as sure as its start and its own run-time prediction together).
 
 Waiting jobs are kept in buckets of equal demand (type, GPUs, team, user, whether bound by quota), each a heap
-in queue order; only a bucket's first job can be the next to start, so a moment costs O(buckets), and the
-replay O((waiting + running + expected) log + starts x buckets); it stops once every queued job has started.
+in queue order; only a bucket's first job can be the next to start. Buckets are offered by the type and GPUs their
+first job needs, and parked while their team's quota or user's cap holds it back (estimate_starts), so a start
+costs O(log + GPU counts asked for) rather than O(buckets); the replay stops once every queued job has started.
 """
 
 from __future__ import annotations
