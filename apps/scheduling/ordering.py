@@ -73,7 +73,7 @@ SERVICE_QUANTILES = (0.25, 0.5, 0.75, 0.9)
 MIN_QUEUE_SIGMA = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: made for every job of every pass, and five times cheaper so)
 class ServiceEstimate:
     """What the order knows of a job's remaining GPU-time: the blend (GPU-seconds) and the attained-service queue
     the job is in (its floor was crossed; `next_floor`: the GPU-seconds at which it moves on, None in the last)."""
@@ -84,6 +84,8 @@ class ServiceEstimate:
 
 
 def _queue_of(queues: tuple[ServiceQueue, ...], attained: float) -> int:
+    if attained <= 0.0:  # (a job never run, most of a long queue: the floors rise from 0)
+        return 0
     index = 0
     for i, queue in enumerate(queues):
         if attained >= queue.floor:
