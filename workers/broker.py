@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from pathlib import Path
 from queue import Empty
 from time import monotonic
 
@@ -82,10 +83,15 @@ class FilesystemChannel(filesystem.Channel):
             return message
         raise Empty()
 
+    def _table_file(self, exchange: str) -> Path:
+        """The exchange's table, where kombu keeps it (kombu 5.7 names it with a helper; 5.6 writes it inline)."""
+        kombus = getattr(super(), "_exchange_file", None)
+        return Path(kombus(exchange)) if kombus else Path(self.control_folder) / f"{exchange}.exchange"
+
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
         # kombu truncates a new exchange table before locking it, so a reader can see an
         # empty file: create it complete, then let kombu's locked update add to it.
-        table = self._exchange_file(exchange)
+        table = self._table_file(exchange)
         self.control_folder.mkdir(parents=True, exist_ok=True)
         if not table.exists():
             row = [[routing_key or "", pattern or "", queue or ""]]
