@@ -32,11 +32,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from apps.scheduling.metrics import Summary  # noqa: E402
+from apps.scheduling.packing import PackingConfig  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
 from apps.scheduling.simulate import POLICY_NAMES, simulate  # noqa: E402
 from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
 from apps.scheduling.trace import DECLARATION_MODES, load_trace, with_declarations  # noqa: E402
-from apps.scheduling.usage import segment_gpu_seconds  # noqa: E402
 
 RAW_FILE = "published_raw_fig9-10_from_draw_fig9-10.py.txt"
 RAW_TRACE_INDEX = {"trace1": 0, "trace3": 4, "trace4": 6}
@@ -152,13 +152,12 @@ def run_traces(
                     f"{console.avg_jct_h / las.avg_jct_h:.2f}x Tiresias; p99 {console.p99_jct_h / las.p99_jct_h:.2f}x "
                     "Tiresias'"
                 )
-        singles = [j for j in truth if j.gpus == 1]
-        gpu_s = {j.job_id: segment_gpu_seconds(j.gpus, None, j.duration_s) for j in truth}
-        single_share = sum(gpu_s[j.job_id] for j in singles) / sum(gpu_s.values())
+        packing = PackingConfig()
         print(
-            f"  console-share: 1-GPU jobs share GPUs (up to 2 each) under the round interference model "
-            f"(apps/scheduling/interference.py); they are {len(singles)} of {len(truth)} jobs and "
-            f"{100 * single_share:.1f}% of the GPU-time, so sharing only them moves the average JCT little"
+            f"  console-share: packing of jobs of equal GPU count, groups of up to {packing.limit} interleaved on one "
+            f"GPU set, each member's predicted slowdown <= {packing.max_slowdown:g}x and the group's throughput "
+            f"gain > {packing.min_gain:g}; the simulator charges the joint-round interference model "
+            "(apps/scheduling/interference.py) with no switch overhead"
         )
 
 
