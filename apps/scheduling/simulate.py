@@ -36,6 +36,9 @@ from apps.scheduling.trace import (
 )
 from apps.scheduling.types import Decisions, Preemption, Snapshot, TeamQuotaView
 
+# console-share: a job's own step and per-resource times are known once it has run this long (its runtime's
+# progress records); before that only those measured earlier on a job of the same workload (model) are.
+MEASURE_S = 600.0
 CORE_POLICIES = ("fifo", "fifo-backfill", "fair-share", "console")
 BASELINE_POLICIES = ("sjf-oracle", "srtf-oracle", "srsf-oracle", "tiresias-2dlas")
 POLICY_NAMES = (
@@ -84,7 +87,7 @@ def console_share(
     def profile_of(job_id: int) -> Profile | None:
         state = sim.jobs[job_id]
         trace = state.trace
-        if state.first_start is not None and trace.step_s:
+        if state.first_start is not None and trace.step_s and sim.now - state.first_start >= MEASURE_S:
             found = profile(trace.step_s, trace.resource_s)
             measured[(trace.model, trace.gpus)] = found
             by_model[trace.model] = found
@@ -119,6 +122,10 @@ def console_share(
         return replace(decisions, preemptions=decisions.preemptions + tuple(extra), pending=pending)
 
     def pack(snapshot: Snapshot, decisions: Decisions) -> list[tuple[int, tuple[int, ...]]]:
+        for job in snapshot.running:  # every running job is being measured (those just placed too)
+            profile_of(job.job_id)
+        if not snapshot.pending:
+            return []
         stopped = {p.job_id for p in decisions.preemptions}
         last = len(snapshot.pending) + 1
         waiting = sorted(

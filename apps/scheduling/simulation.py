@@ -442,7 +442,7 @@ class Simulator:
             self.running[state.trace.job_id] = self._running_view(state, view.gpu_ids, view.borrowing)
 
     def _pack(self, decisions: Decisions) -> None:
-        if self.pack is None or not self.pending:
+        if self.pack is None:
             return
         snapshot = Snapshot(
             now=self.now,
