@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from apps.scheduling.interference import Profile, slowdowns
 from apps.scheduling.types import PendingJob, RunningJob
@@ -33,6 +34,17 @@ class PackingConfig:
 def throughput(profiles: Sequence[Profile], switch_overhead: float = 0.0) -> float:
     """Sum over the jobs of their speed in the group relative to alone (1.0 for one job)."""
     return sum(1.0 / s for s in slowdowns(profiles, switch_overhead))
+
+
+@lru_cache(maxsize=65536)
+def _effect(profiles: tuple[Profile, ...], switch_overhead: float) -> tuple[float, float]:
+    """(worst slowdown, throughput) of a group; order-free, so keyed by the sorted profiles."""
+    factors = slowdowns(profiles, switch_overhead)
+    return max(factors), sum(1.0 / f for f in factors)
+
+
+def effect(profiles: Sequence[Profile], switch_overhead: float = 0.0) -> tuple[float, float]:
+    return _effect(tuple(sorted(profiles)), switch_overhead)
 
 
 def groups_of(running: Sequence[RunningJob]) -> dict[tuple[int, ...], list[int]]:
@@ -64,32 +76,34 @@ def plan_packing(
     for key in groups:
         by_size.setdefault(len(key), []).append(key)
     joins: list[tuple[int, tuple[int, ...]]] = []
+    # (profile, GPUs) that found no group: the same again finds none until a join changes the groups.
+    refused: set[tuple[Profile, int]] = set()
     for job in waiting:
         keys = by_size.get(job.gpus)
         if not keys:
             continue
         mine = profile_of(job.job_id)
-        if mine is None:
+        if mine is None or (mine, job.gpus) in refused:
             continue
         best: tuple[float, float, tuple[int, ...]] | None = None
         for key in keys:
             group = [known[m] for m in groups[key]]
-            after = [*group, mine]
-            factors = slowdowns(after, config.switch_overhead)
-            worst = max(factors)
+            worst, after = effect([*group, mine], config.switch_overhead)
             if worst > config.max_slowdown:
                 continue
-            gain = sum(1.0 / f for f in factors) - throughput(group, config.switch_overhead)
+            gain = after - effect(group, config.switch_overhead)[1]
             if gain <= config.min_gain:
                 continue
             if best is None or (gain, -worst) > (best[0], -best[1]):
                 best = (gain, worst, key)
         if best is None:
+            refused.add((mine, job.gpus))
             continue
         key = best[2]
         joins.append((job.job_id, key))
         groups[key].append(job.job_id)
         known[job.job_id] = mine
+        refused.clear()
         if len(groups[key]) >= config.limit:
             by_size[len(key)].remove(key)
     return joins

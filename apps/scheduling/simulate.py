@@ -108,8 +108,14 @@ def console_share(
             pending=snapshot.pending + tuple(sim.waiting_view(j) for j in others),
         )
         decisions = schedule(core, policy_config)
-        stopped = {p.job_id for p in decisions.preemptions}
-        placed = {p.job_id for p in decisions.placements}
+        # A packed job is already running: it may move to free GPUs, but nothing is stopped to make room for it.
+        gpus_of = {job.job_id: job.gpu_ids for job in snapshot.running}
+        dropped = {p.job_id for p in decisions.preemptions if p.for_job in hidden}
+        kept_gpus = {g for j in dropped for g in gpus_of.get(j, ())}
+        preemptions = tuple(p for p in decisions.preemptions if p.job_id not in dropped)
+        placements = tuple(p for p in decisions.placements if not kept_gpus.intersection(p.gpu_ids))
+        stopped = {p.job_id for p in preemptions}
+        placed = {p.job_id for p in placements}
         extra = [Preemption(j, "moved from its packed group to GPUs of its own") for j in others if j in placed]
         for first, members in firsts.items():
             if first in stopped:
@@ -119,7 +125,7 @@ def console_share(
                     if j not in placed and j not in stopped
                 ]
         pending = {j: info for j, info in decisions.pending.items() if j not in hidden}
-        return replace(decisions, preemptions=decisions.preemptions + tuple(extra), pending=pending)
+        return replace(decisions, placements=placements, preemptions=preemptions + tuple(extra), pending=pending)
 
     def pack(snapshot: Snapshot, decisions: Decisions) -> list[tuple[int, tuple[int, ...]]]:
         for job in snapshot.running:  # every running job is being measured (those just placed too)
