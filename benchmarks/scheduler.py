@@ -133,10 +133,13 @@ def run_traces(
                         f"{reference[(raw, 'p99_jct_h', trace)]:>9.1f}{'':>11}"
                         f"{reference[(raw, 'makespan_h', trace)]:>9.1f}"
                     )
-            if preempt_cost_s > 0 and "console" in policies:
-                costly = simulate(jobs, "8x8", "console", preempt_cost_s)
+            for costly_name in ("console", "console-share"):
+                if preempt_cost_s <= 0 or costly_name not in policies:
+                    continue
+                costly = simulate(jobs, "8x8", costly_name, preempt_cost_s)
+                label = f"{costly_name} @{preempt_cost_s:g}s"
                 print(
-                    f"{'console @' + format(preempt_cost_s, 'g') + 's':<16}{costly.avg_jct_h:>10.1f}{'':>9}"
+                    f"{label:<16}{costly.avg_jct_h:>10.1f}{'':>9}"
                     f"{costly.p99_jct_h:>9.1f}{'':>9}{costly.makespan_h:>11.1f}{'':>9}{costly.p50_jct_h:>8.1f}"
                     f"{costly.mean_queueing_delay_h:>9.1f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
                 )
@@ -145,13 +148,14 @@ def run_traces(
                 value = reference.get((raw, "avg_jct_h", trace))
                 if value and name in results:
                     print(f"  {name}: avg JCT {100 * (results[name].avg_jct_h / value - 1):+.1f}% vs published")
-            if "console" in results and "srsf-oracle" in results and "tiresias-2dlas" in results:
-                console, srsf, las = results["console"], results["srsf-oracle"], results["tiresias-2dlas"]
-                print(
-                    f"  console: avg JCT {console.avg_jct_h / srsf.avg_jct_h:.2f}x SRSF oracle, "
-                    f"{console.avg_jct_h / las.avg_jct_h:.2f}x Tiresias; p99 {console.p99_jct_h / las.p99_jct_h:.2f}x "
-                    "Tiresias'"
-                )
+            for ours in ("console", "console-share"):
+                if ours in results and "srsf-oracle" in results and "tiresias-2dlas" in results:
+                    mine, srsf, las = results[ours], results["srsf-oracle"], results["tiresias-2dlas"]
+                    print(
+                        f"  {ours}: avg JCT {mine.avg_jct_h / srsf.avg_jct_h:.2f}x SRSF oracle, "
+                        f"{mine.avg_jct_h / las.avg_jct_h:.2f}x Tiresias; p99 {mine.p99_jct_h / las.p99_jct_h:.2f}x "
+                        "Tiresias'"
+                    )
         packing = PackingConfig()
         print(
             f"  console-share: packing of jobs of equal GPU count, groups of up to {packing.limit} interleaved on one "

@@ -25,7 +25,7 @@ from apps.scheduling.types import PendingJob, RunningJob
 
 @dataclass(frozen=True, slots=True)
 class PackingConfig:
-    max_slowdown: float = 1.6
+    max_slowdown: float = 1.5
     min_gain: float = 0.2
     limit: int = 4
     switch_overhead: float = 0.0
