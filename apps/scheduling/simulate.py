@@ -3,7 +3,11 @@
 `console-share` is the console policy with packing (packing.py): after each pass, jobs it left waiting join
 running jobs of the same GPU count on their GPUs, in groups of up to PACK_LIMIT interleaved jobs whose predicted
 slowdowns (interference.py's joint-round model, on profiles the console would have measured) all stay under a
-bound; the simulator charges every member the model's slowdown and re-times the group as members come and go.
+bound (PackingConfig: 1.5x, throughput gain > 0.2, no switch overhead unless --switch-overhead); the simulator
+charges every member the slowdown the model gives on the jobs' true profiles and re-times the group as members
+come and go. What the policy knows of a job's profile: its own step and per-resource times once it has run
+MEASURE_S, before that those of the last measured job of the same model (of the same GPU count if any), else
+nothing (the job is not packed).
 
 python -m apps.scheduling.simulate --trace FILE --format muri|tiresias --cluster 8x8 --policy NAME[,NAME|all]
     [--preempt-cost-s S] [--runtime-model duration|muri] [--teams N] [--declarations MODE] [--seed N] [--json]
