@@ -150,3 +150,20 @@ def test_plan_packing_fills_a_group_up_to_its_limit():
     profiles = {1: LIGHT, **{j: LIGHT for j in range(10, 16)}}
     joins = plan_packing([pending(j, 1) for j in range(10, 16)], [running(1, (0,))], profiles.get, PackingConfig())
     assert [j for j, _ in joins] == [10, 11, 12]  # 1 running + 3 joined = 4
+
+
+def test_a_group_whose_first_member_is_preempted_is_preempted_whole(monkeypatch):
+    monkeypatch.setattr(simulate_module, "MEASURE_S", 0.0)
+    jobs = [
+        job(3, 4, 0.0, 10.0, "b", CPU_LEAN),
+        job(0, 4, 20.0, 5000.0, "a", BALANCED, Priority.LOW),
+        job(1, 4, 30.0, 5000.0, "b", CPU_LEAN, Priority.LOW),
+        job(2, 4, 2000.0, 100.0, "a", BALANCED, Priority.HIGH),
+    ]
+    _, states = run(jobs)
+    assert states[1].first_start == pytest.approx(30.0)  # packed with job 0
+    assert states[2].first_start == pytest.approx(2000.0)  # the urgent one takes the 4 GPUs at once
+    assert states[2].finish == pytest.approx(2100.0)  # alone: nobody was left on its GPUs
+    assert states[0].preemptions == states[1].preemptions == 1
+    for state in states.values():
+        assert state.finish - state.first_start >= state.trace.duration_s - 1e-6
