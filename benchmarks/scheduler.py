@@ -138,8 +138,9 @@ def run_traces(
                     continue
                 costly = simulate(jobs, "8x8", costly_name, preempt_cost_s)
                 label = f"{costly_name} @{preempt_cost_s:g}s"
+                width = 10 - max(0, len(label) - 15)  # keep the columns aligned under a long label
                 print(
-                    f"{label:<16}{costly.avg_jct_h:>10.1f}{'':>9}"
+                    f"{label:<16}{costly.avg_jct_h:>{width}.1f}{'':>9}"
                     f"{costly.p99_jct_h:>9.1f}{'':>9}{costly.makespan_h:>11.1f}{'':>9}{costly.p50_jct_h:>8.1f}"
                     f"{costly.mean_queueing_delay_h:>9.1f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
                 )
