@@ -1,9 +1,13 @@
 """Trace-driven simulator command line.
 
-`console-share` is the console policy with GPU sharing for the trace's 1-GPU jobs: whenever the waiting jobs ask
-for more GPUs than are free, 1-GPU jobs are offered to the pass as half-GPU fractions (at most SHARE_SLOTS per
-GPU), and the fractions of a pass are paired by complementary resource profiles (pairing.py); shared jobs slow
-down by the interference model (interference.py).
+`console-share` is the console policy with packing (packing.py): after each pass, jobs it left waiting join
+running jobs of the same GPU count on their GPUs, in groups of up to PACK_LIMIT interleaved jobs whose predicted
+slowdowns (interference.py's joint-round model, on profiles the console would have measured) all stay under a
+bound (PackingConfig: 1.5x, throughput gain > 0.2, no switch overhead unless --switch-overhead); the simulator
+charges every member the slowdown the model gives on the jobs' true profiles and re-times the group as members
+come and go. What the policy knows of a job's profile: its own step and per-resource times once it has run
+MEASURE_S, before that those of the last measured job of the same model (of the same GPU count if any), else
+nothing (the job is not packed).
 
 python -m apps.scheduling.simulate --trace FILE --format muri|tiresias --cluster 8x8 --policy NAME[,NAME|all]
     [--preempt-cost-s S] [--runtime-model duration|muri] [--teams N] [--declarations MODE] [--seed N] [--json]
@@ -22,7 +26,7 @@ from apps.scheduling.baselines import OracleShortest, OracleShortestJobFirst, Ti
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.interference import Profile, profile
 from apps.scheduling.metrics import EstimateFigures, Summary, summarize
-from apps.scheduling.pairing import pair_complementary
+from apps.scheduling.packing import PackingConfig, groups_of, plan_packing
 from apps.scheduling.policy import schedule
 from apps.scheduling.simulation import Simulator
 from apps.scheduling.trace import (
@@ -34,8 +38,11 @@ from apps.scheduling.trace import (
     parse_cluster,
     with_declarations,
 )
-from apps.scheduling.types import Decisions, Snapshot, TeamQuotaView
+from apps.scheduling.types import Decisions, Preemption, Snapshot, TeamQuotaView
 
+# console-share: a job's own step and per-resource times are known once it has run this long (its runtime's
+# progress records); before that only those measured earlier on a job of the same workload (model) are.
+MEASURE_S = 600.0
 CORE_POLICIES = ("fifo", "fifo-backfill", "fair-share", "console")
 BASELINE_POLICIES = ("sjf-oracle", "srtf-oracle", "srsf-oracle", "tiresias-2dlas")
 POLICY_NAMES = (
@@ -49,8 +56,6 @@ POLICY_NAMES = (
     "console",
     "console-share",
 )
-# 1-GPU jobs per GPU under console-share
-SHARE_SLOTS = 2
 
 
 def assign_teams(jobs: list[TraceJob], teams: int) -> list[TraceJob]:
@@ -71,29 +76,83 @@ def team_quotas(jobs: list[TraceJob], total_gpus: int) -> dict[str, TeamQuotaVie
     return {name: TeamQuotaView(name, each, may_borrow=True) for name in names}
 
 
-def console_share(sim: Simulator, config: PolicyConfig) -> Callable[[Snapshot], Decisions]:
+def console_share(
+    sim: Simulator, config: PolicyConfig, packing: PackingConfig | None = None
+) -> Callable[[Snapshot], Decisions]:
+    """The console policy, then packing (packing.py) of the jobs it left waiting onto running groups; the pass sees
+    each group as its first member alone (the others are offered to it as waiting, so it may move one onto free
+    GPUs: a migration), and a group whose first member it preempts is preempted whole."""
     policy_config = replace(config, policy="console")
-    share = 1.0 / SHARE_SLOTS
+    pack_config = packing or PackingConfig(switch_overhead=sim.switch_overhead)
+    # What the console has measured of a workload: its step and per-resource times, by (model, GPUs) and by model.
+    measured: dict[tuple[str, int], Profile] = {}
+    by_model: dict[str, Profile] = {}
 
-    def profile_of(job_id: int) -> Profile:
-        trace = sim.jobs[job_id].trace
-        return profile(trace.step_s, trace.resource_s)
+    def profile_of(job_id: int) -> Profile | None:
+        state = sim.jobs[job_id]
+        trace = state.trace
+        if state.first_start is not None and trace.step_s and sim.now - state.first_start >= MEASURE_S:
+            found = profile(trace.step_s, trace.resource_s)
+            measured[(trace.model, trace.gpus)] = found
+            by_model[trace.model] = found
+            return found
+        return measured.get((trace.model, trace.gpus)) or by_model.get(trace.model)
 
     def decide(snapshot: Snapshot) -> Decisions:
-        used = {g for job in snapshot.running for g in job.gpu_ids}
-        free = sim.gpus - len(used)
-        if sum(job.gpus for job in snapshot.pending) > free:
-            pending = tuple(replace(j, gpu_share=share) if j.gpus == 1 else j for j in snapshot.pending)
-            snapshot = replace(snapshot, pending=pending)
-        decisions = schedule(snapshot, policy_config)
-        return pair_complementary(decisions, snapshot, profile_of, sim.switch_overhead)
+        groups = [members for members in groups_of(snapshot.running).values() if len(members) > 1]
+        if not groups:
+            return schedule(snapshot, policy_config)
+        started = {job.job_id: (job.started_at, job.job_id) for job in snapshot.running}
+        firsts = {members[0]: members for members in (sorted(g, key=started.__getitem__) for g in groups)}
+        others = [j for members in firsts.values() for j in members[1:]]
+        hidden = set(others)
+        core = replace(
+            snapshot,
+            running=tuple(j for j in snapshot.running if j.job_id not in hidden),
+            pending=snapshot.pending + tuple(sim.waiting_view(j) for j in others),
+        )
+        decisions = schedule(core, policy_config)
+        # A packed job is already running: it may move to free GPUs, but nothing is stopped to make room for it.
+        gpus_of = {job.job_id: job.gpu_ids for job in snapshot.running}
+        dropped = {p.job_id for p in decisions.preemptions if p.for_job in hidden}
+        kept_gpus = {g for j in dropped for g in gpus_of.get(j, ())}
+        preemptions = tuple(p for p in decisions.preemptions if p.job_id not in dropped)
+        placements = tuple(p for p in decisions.placements if not kept_gpus.intersection(p.gpu_ids))
+        stopped = {p.job_id for p in preemptions}
+        placed = {p.job_id for p in placements}
+        extra = [Preemption(j, "moved from its packed group to GPUs of its own") for j in others if j in placed]
+        for first, members in firsts.items():
+            if first in stopped:
+                extra += [
+                    Preemption(j, "its packed group's GPUs were taken")
+                    for j in members[1:]
+                    if j not in placed and j not in stopped
+                ]
+        pending = {j: info for j, info in decisions.pending.items() if j not in hidden}
+        return replace(decisions, placements=placements, preemptions=preemptions + tuple(extra), pending=pending)
 
+    def pack(snapshot: Snapshot, decisions: Decisions) -> list[tuple[int, tuple[int, ...]]]:
+        for job in snapshot.running:  # every running job is being measured (those just placed too)
+            profile_of(job.job_id)
+        if not snapshot.pending:
+            return []
+        stopped = {p.job_id for p in decisions.preemptions}
+        last = len(snapshot.pending) + 1
+        waiting = sorted(
+            (j for j in snapshot.pending if j.job_id not in stopped),
+            key=lambda j: (info.position if (info := decisions.pending.get(j.job_id)) else last, j.job_id),
+        )
+        return plan_packing(waiting, snapshot.running, profile_of, pack_config)
+
+    sim.pack = pack
     return decide
 
 
-def make_decider(name: str, sim: Simulator, config: PolicyConfig) -> Callable[[Snapshot], Decisions]:
+def make_decider(
+    name: str, sim: Simulator, config: PolicyConfig, packing: PackingConfig | None = None
+) -> Callable[[Snapshot], Decisions]:
     if name == "console-share":
-        return console_share(sim, config)
+        return console_share(sim, config, packing)
     if name in CORE_POLICIES:
         policy_config = replace(config, policy=name)
         return lambda snapshot: schedule(snapshot, policy_config)
@@ -115,6 +174,7 @@ def simulate(
     preempt_cost_s: float = 0.0,
     config: PolicyConfig | None = None,
     switch_overhead: float = 0.0,
+    packing: PackingConfig | None = None,
 ) -> Summary:
     config = config or PolicyConfig()
     num_hosts, per_host = parse_cluster(cluster)
@@ -131,7 +191,7 @@ def simulate(
         console_view=True,
         switch_overhead=switch_overhead,
     )
-    sim.decide = make_decider(policy, sim, config)
+    sim.decide = make_decider(policy, sim, config, packing)
     return summarize(sim.run(policy))
 
 

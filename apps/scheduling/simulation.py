@@ -9,12 +9,19 @@ slower by the interference model (interference.py); whenever a job joins or leav
 are brought up to date and their ends re-timed. A fraction's GPU-seconds count its share (usage.py, the
 formula the console counts by); fair-share usage decays as the console's does, charged up to each event before
 it changes the running jobs.
+
+Packing (`join`, called through the optional `pack` hook after each pass): a waiting job of N GPUs joins a running
+job of N GPUs on exactly its GPU set, forming a group of at most PACK_LIMIT jobs interleaved on those GPUs. Every
+member runs slower by the interference model's slowdown for the whole group (interference.py, joint rounds, with
+the simulator's `switch_overhead`), re-timed whenever a member joins or leaves; the GPUs' busy time is split
+evenly between the members while they share. Each GPU thus holds at most PACK_LIMIT jobs (a placement never lands
+on a GPU a group holds: its units count FULL per member).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -28,6 +35,8 @@ from apps.scheduling.trace import TraceJob
 from apps.scheduling.types import Decisions, HostView, PendingJob, RunningJob, Snapshot, TeamQuotaView
 from apps.scheduling.usage import decay, decayed_gpu_seconds, segment_gpu_seconds
 
+# Jobs interleaved at most on one GPU set by `join`.
+PACK_LIMIT = 4
 # At most this many passes at one instant (a pass that preempted asks for another to fill the freed GPUs).
 PASSES_PER_INSTANT = 3
 EPSILON_S = 1e-6
@@ -60,6 +69,13 @@ class JobState:
     share: float = 1.0
     rate: float = 1.0
     settled_at: float = 0.0
+    # Packed with others on its GPU set (the group's key, its sorted GPU ids) during the current run; `segmented`
+    # once it has been, for the rest of the run: progress then goes by `rate`, and the GPU-seconds of the run
+    # are charged in segments (`run_gpu_s` up to `charged_at`, split between the members).
+    group: tuple[int, ...] | None = None
+    segmented: bool = False
+    run_gpu_s: float = 0.0
+    charged_at: float = 0.0
 
     @property
     def share_units(self) -> int:
@@ -102,6 +118,7 @@ class Simulator:
         config: PolicyConfig | None = None,
         console_view: bool = True,
         switch_overhead: float = 0.0,
+        pack: Callable[[Snapshot, Decisions], Sequence[tuple[int, tuple[int, ...]]]] | None = None,
     ) -> None:
         self.jobs = {job.job_id: JobState(job, job.duration_s) for job in jobs}
         self.keys = {job.job_id: similarity_key(job.workload) for job in jobs}
@@ -128,11 +145,15 @@ class Simulator:
         self.switch_overhead = switch_overhead
         # gpu id -> jobs running on it with a share
         self.sharing: dict[int, list[int]] = {}
+        # Packing: after each pass, (waiting job, GPU set of a running job) to join (see `join`).
+        self.pack = pack
+        # sorted GPU ids -> the jobs packed on them
+        self.groups: dict[tuple[int, ...], list[int]] = {}
 
     # -- oracle access for baseline policies ---------------------------------------------------------------
     def true_remaining(self, job_id: int) -> tuple[float, float]:
         state = self.jobs[job_id]
-        if job_id in self.running and state.share < 1.0:
+        if job_id in self.running and (state.share < 1.0 or state.segmented):
             begin = max(state.settled_at, state.run_start + state.run_overhead_s)
             progress = max(0.0, self.now - begin) * state.rate
             return max(0.0, state.remaining_s - progress), state.trace.duration_s
@@ -140,6 +161,10 @@ class Simulator:
             progress = max(0.0, self.now - state.run_start - state.run_overhead_s)
             return max(0.0, state.remaining_s - progress), state.trace.duration_s
         return state.remaining_s, state.trace.duration_s
+
+    def waiting_view(self, job_id: int) -> PendingJob:
+        """The job as a waiting one, as of its last settled progress (for a policy offering a packed job elsewhere)."""
+        return self._pending_view(self.jobs[job_id])
 
     # -- snapshot ---------------------------------------------------------------------------------------------
     def _pending_view(self, state: JobState) -> PendingJob:
@@ -167,7 +192,7 @@ class Simulator:
         view = self._pending_view(state)
         step = state.trace.step_s if self.console_view else None
         reported_at = state.run_start + state.run_overhead_s
-        if state.share < 1.0:
+        if state.share < 1.0 or state.segmented:
             # What the console would see of a shared job: its slowed step time, steps as of the last change.
             step = state.trace.step_s / state.rate if state.trace.step_s and self.console_view else None
             reported_at = max(state.settled_at, reported_at)
@@ -239,8 +264,11 @@ class Simulator:
     # -- events -----------------------------------------------------------------------------------------------
     def _finish(self, job_id: int) -> None:
         state = self.jobs[job_id]
+        if state.segmented:
+            self._leave_group(job_id)
         running = self.running.pop(job_id)
-        ran = state.gpu_seconds(self.now - state.run_start)
+        ran = state.run_gpu_s if state.segmented else state.gpu_seconds(self.now - state.run_start)
+        state.group, state.segmented = None, False
         self.busy_gpu_s += ran
         state.attained_gpu_s += ran
         state.remaining_s = 0.0
@@ -262,15 +290,22 @@ class Simulator:
 
     def _stop(self, job_id: int) -> None:
         state = self.jobs[job_id]
-        running = self.running.pop(job_id)
-        ran = self.now - state.run_start
-        self.busy_gpu_s += state.gpu_seconds(ran)
-        state.attained_gpu_s += state.gpu_seconds(ran)
-        if state.share < 1.0:
-            self._settle(state)
-            self._leave_shared(job_id, running.gpu_ids)
+        if state.segmented:
+            self._leave_group(job_id)  # settles it: remaining time and GPU-seconds up to now
+            self.running.pop(job_id)
+            self.busy_gpu_s += state.run_gpu_s
+            state.attained_gpu_s += state.run_gpu_s
+            state.group, state.segmented = None, False
         else:
-            state.remaining_s = max(0.0, state.remaining_s - max(0.0, ran - state.run_overhead_s))
+            running = self.running.pop(job_id)
+            ran = self.now - state.run_start
+            self.busy_gpu_s += state.gpu_seconds(ran)
+            state.attained_gpu_s += state.gpu_seconds(ran)
+            if state.share < 1.0:
+                self._settle(state)
+                self._leave_shared(job_id, running.gpu_ids)
+            else:
+                state.remaining_s = max(0.0, state.remaining_s - max(0.0, ran - state.run_overhead_s))
         state.preemptions += 1
         state.end_token += 1
         self.pending[job_id] = self._pending_view(state)
@@ -284,6 +319,7 @@ class Simulator:
         state.run_overhead_s = self.preempt_cost_s if state.preemptions else 0.0
         state.end_token += 1
         state.share, state.rate, state.settled_at = share, 1.0, self.now
+        state.group, state.segmented, state.run_gpu_s, state.charged_at = None, False, 0.0, self.now
         self.running[job_id] = self._running_view(state, gpu_ids, borrowing)
         if share < 1.0:
             for gpu_id in gpu_ids:
@@ -295,7 +331,11 @@ class Simulator:
 
     # -- sharing ---------------------------------------------------------------------------------------------
     def _settle(self, state: JobState) -> None:
-        """Bring a shared job's remaining time up to now at its current rate."""
+        """Bring a shared job's remaining time up to now at its current rate (and a packed job's GPU-seconds)."""
+        if state.segmented and self.now > state.charged_at:
+            members = len(self.groups.get(state.group, ())) if state.group is not None else 1
+            state.run_gpu_s += state.trace.gpus * (self.now - state.charged_at) / max(1, members)
+            state.charged_at = self.now
         begin = max(state.settled_at, state.run_start + state.run_overhead_s)
         if self.now > begin:
             state.remaining_s = max(0.0, state.remaining_s - (self.now - begin) * state.rate)
@@ -328,6 +368,92 @@ class Simulator:
             )
             view = self.running[state.trace.job_id]
             self.running[state.trace.job_id] = self._running_view(state, view.gpu_ids, view.borrowing)
+
+    # -- packing ---------------------------------------------------------------------------------------------
+    def join(self, job_id: int, gpu_ids: tuple[int, ...]) -> None:
+        """Start waiting job `job_id` interleaved with the running job(s) that hold exactly `gpu_ids` (as many GPUs
+        as it asks for, whole, with at most PACK_LIMIT - 1 jobs there already); every member is re-timed."""
+        key = tuple(sorted(gpu_ids))
+        job = self.pending.get(job_id)
+        if job is None:
+            raise RuntimeError(f"packing job {job_id}, which is not waiting")
+        if job.gpus != len(key):
+            raise RuntimeError(f"packing job {job_id} of {job.gpus} GPUs onto {len(key)} GPUs")
+        members = self.groups.get(key)
+        if members is None:
+            hosts = [j for j, run in self.running.items() if tuple(sorted(run.gpu_ids)) == key]
+            on_them = [j for j, run in self.running.items() if set(run.gpu_ids) & set(key)]
+            if len(hosts) != 1 or len(on_them) != 1:
+                raise RuntimeError(f"packing job {job_id}: GPUs {key} are not held by exactly one job")
+            host = self.jobs[hosts[0]]
+            if host.share < 1.0:
+                raise RuntimeError(f"packing job {job_id}: GPUs {key} hold a fraction")
+            # The host ran alone so far: bring it up to date and switch it to rate-based progress.
+            host.remaining_s = max(
+                0.0, host.remaining_s - max(0.0, self.now - host.run_start - host.run_overhead_s)
+            )
+            host.settled_at = max(self.now, host.run_start + host.run_overhead_s)
+            host.segmented, host.group = True, key
+            host.run_gpu_s, host.charged_at = host.trace.gpus * (self.now - host.run_start), self.now
+            members = self.groups[key] = [host.trace.job_id]
+        if len(members) >= PACK_LIMIT:
+            raise RuntimeError(f"packing job {job_id}: GPUs {key} already hold {len(members)} jobs")
+        for member in members:
+            self._settle(self.jobs[member])
+        borrowing = self.running[members[0]].borrowing
+        self._start(job_id, key, borrowing)
+        state = self.jobs[job_id]
+        state.segmented, state.group = True, key
+        state.settled_at = max(self.now, state.run_start + state.run_overhead_s)
+        # _start pushed an end at full speed: superseded by the re-timing below.
+        members.append(job_id)
+        self._retime_group(key)
+
+    def _leave_group(self, job_id: int) -> None:
+        """A packed job stops or ends: settle every member with the group as it was, then re-time the rest."""
+        key = self.jobs[job_id].group
+        if key is None:
+            self._settle(self.jobs[job_id])
+            return
+        members = self.groups[key]
+        for member in members:
+            self._settle(self.jobs[member])
+        members.remove(job_id)
+        if not members:
+            del self.groups[key]
+            return
+        self._retime_group(key)
+
+    def _retime_group(self, key: tuple[int, ...]) -> None:
+        """A group changed: each member's rate is 1 / its slowdown in the group, from its true profile."""
+        states = [self.jobs[j] for j in self.groups[key]]
+        factors = slowdowns(
+            [profile(s.trace.step_s, s.trace.resource_s) for s in states], self.switch_overhead
+        )
+        for state, factor in zip(states, factors, strict=True):
+            self._settle(state)
+            state.rate = 1.0 / factor
+            state.end_token += 1
+            begin = max(self.now, state.run_start + state.run_overhead_s)
+            heapq.heappush(
+                self.ends, (begin + state.remaining_s * factor, state.trace.job_id, state.end_token)
+            )
+            view = self.running[state.trace.job_id]
+            self.running[state.trace.job_id] = self._running_view(state, view.gpu_ids, view.borrowing)
+
+    def _pack(self, decisions: Decisions) -> None:
+        if self.pack is None:
+            return
+        snapshot = Snapshot(
+            now=self.now,
+            hosts=self.hosts,
+            pending=tuple(self.pending.values()),
+            running=tuple(self.running.values()),
+            quotas=self.base_quotas,
+            history=self.history,
+        )
+        for job_id, gpu_ids in self.pack(snapshot, decisions):
+            self.join(job_id, gpu_ids)
 
     def _apply(self, decisions: Decisions) -> None:
         stopped = set()
@@ -407,6 +533,7 @@ class Simulator:
                 self.passes += 1
                 self._record_estimates(arrived, decisions)
                 self._apply(decisions)
+                self._pack(decisions)
                 wake_at = decisions.wake_at
                 if wake_at is None or wake_at > self.now + EPSILON_S or not self.pending:
                     break

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+import apps.scheduling.simulate as simulate_module
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.interference import round_s, slowdowns
 from apps.scheduling.policy import schedule
@@ -89,7 +90,9 @@ def test_fractions_never_block_a_whole_gpu_job_forever():
     assert all(s.finish is not None for s in result.jobs)
 
 
-def test_console_share_policy_runs_and_shares():
+def test_console_share_policy_runs_and_shares(monkeypatch):
+    # The jobs here run a minute or two: the console measures them at once (not after MEASURE_S).
+    monkeypatch.setattr(simulate_module, "MEASURE_S", 0.0)
     jobs = [mixed_job(i, 50.0 + 10 * i, submit=float(i)) for i in range(8)] + [mixed_job(50, 100.0, 0.0, 2)]
     whole = simulate(jobs, "1x2", "console")
     shared = simulate(jobs, "1x2", "console-share")
