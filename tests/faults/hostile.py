@@ -21,6 +21,7 @@ from tests.containers import images
 from tests.containers.conftest import oci_runtime
 from tests.integration.live import ADMIN_PASSWORD, LiveCluster, create_team
 from workers.agent.containers import ContainerRuntime
+from workers.agent.main import DEFAULT_JOB_UIDS
 from workers.codepack import pack
 
 PROBE = Path(__file__).resolve().parent / "scripts" / "hostile_job.py"
@@ -138,6 +139,10 @@ def setup_cluster(mode: str, base: Path) -> HostileCluster:
     for name in ("GPU_AGENT_CONSOLE_URL", "CELERY_BROKER_URL"):
         recipe.pop(name, None)
     recipe.update(GPU_AGENT_NAME="red", GPU_AGENT_ADDRESS="127.0.0.1", NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+    # Job uids of its own: the make-run set-up's agent (the same default range as the recipe's) may run beside it,
+    # on another xdist worker, and two agents handing out the same uids would see each other's jobs.
+    assert recipe["GPU_AGENT_JOB_UIDS"] == DEFAULT_JOB_UIDS
+    recipe["GPU_AGENT_JOB_UIDS"] = "1620000000-1620009999"
     assert recipe["GPU_AGENT_TOKEN_FILE"] == str(etc / "token") and recipe["GPU_AGENT_WORK_DIR"] == str(state)
     cluster = HostileCluster(base, agents={"red": "4xH200"}, mode=mode,
                              extra_env={"CONSOLE_ARTIFACTS": shared.as_uri()}, agent_env=recipe)
