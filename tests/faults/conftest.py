@@ -128,8 +128,9 @@ def private_postgres(tmp_path_factory):
         pytest.skip("needs PostgreSQL's server programs (Debian's postgresql package)")
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         pytest.skip("needs runuser to start PostgreSQL as the postgres user")
-    # Not under pytest's temp folder: that one is private to our user and the postgres user must reach it.
-    folder = Path(tempfile.mkdtemp(prefix="console-faults-pg-")) / "cluster"
+    # Not under pytest's temp folder, nor TMPDIR (CI gives each pass a folder of its own): those may be private to
+    # our user, and the postgres user must reach it.
+    folder = Path(tempfile.mkdtemp(prefix="console-faults-pg-", dir="/tmp")) / "cluster"
     server = PrivatePostgres(folder)
     folder.parent.chmod(0o755)
     server.init()
