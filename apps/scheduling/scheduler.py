@@ -28,7 +28,14 @@ from dataclasses import dataclass, field, replace
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.estimate import Order, Waiting, estimate_starts, expected_arrivals
 from apps.scheduling.estimate import Release as EndsAt
-from apps.scheduling.ordering import FairShare, ServiceEstimate, aging_boost, estimate_service
+from apps.scheduling.ordering import (
+    EMPTY_HISTORY,
+    FairShare,
+    ServiceEstimate,
+    aging_boost,
+    estimate_service,
+    service_estimate,
+)
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
 from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
 from apps.scheduling.preemption import (
@@ -186,6 +193,36 @@ class ConsolePass:
                 score = service.remaining_gpu_s * penalty / boost
         self.scores[job.job_id] = score
         return score
+
+    def _ranked(self) -> list[Ranked]:
+        """The waiting jobs in pass order, each with its predicted remaining time (as _remaining) and its score
+        (as _score): the same figures, with what is the same for every job looked up once (ten thousand jobs)."""
+        now, history, default_s = self.now, self.snapshot.history, self.config.default_runtime_s
+        ordering, aging_s = self.config.ordering, self.config.aging_s
+        queues_of = history or EMPTY_HISTORY
+        confidence_of, expected, scores = self.confidence, self.expected, self.scores
+        penalties: dict[tuple[str, str], float] = {}
+        ordered: list[Ranked] = []
+        for job in self.snapshot.pending:
+            job_id = job.job_id
+            remaining, confidence_of[job_id] = predict_remaining(job, now, history, default_s)
+            expected[job_id] = remaining
+            remaining = max(remaining, MIN_DECISION_REMAINING_S)
+            if ordering == "fifo":
+                score = 0.0
+            else:
+                boost = 1.0 + max(0.0, now - job.submitted_at) / aging_s if aging_s > 0 else 1.0
+                penalty = penalties.get((job.team, job.user))
+                if penalty is None:
+                    penalty = penalties[(job.team, job.user)] = self.fair.penalty(job.team, job.user)
+                if ordering == "fair-share":
+                    score = penalty / boost
+                else:
+                    score = service_estimate(job, now, queues_of)[0] * penalty / boost
+            scores[job_id] = score
+            ordered.append((-job.priority, score, job.submitted_at, job_id, job, remaining))
+        ordered.sort()  # job ids are unique: the comparison never reaches the job itself
+        return ordered
 
     def _running_states(self) -> None:
         config = self.config
@@ -450,16 +487,9 @@ class ConsolePass:
     def run(self) -> Decisions:
         self._running_states()
         self._stop_over_budget()
-        remaining_of, score_of = self._remaining, self._score
-        ordered: list[Ranked] = []
-        fractions = False
-        for job in self.snapshot.pending:
-            fractions = fractions or (job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None))
-            remaining = remaining_of(job)
-            ordered.append(
-                (-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining)
-            )
-        ordered.sort()  # job ids are unique: the comparison never reaches the job itself
+        ordered = self._ranked()
+        fractions = any(job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None)
+                        for job in self.snapshot.pending)
         if fractions:
             self.fence = self._fraction_fence(ordered)
 
