@@ -271,6 +271,7 @@ def estimate_starts(
         heapq.heapify(bucket)
         review(b)
     clock = now
+    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     while True:
         while events and events[0][0] <= clock:
             _, _, reserved_start, arrival = heapq.heappop(events)
@@ -298,18 +299,33 @@ def estimate_starts(
         while (heap := first_fitting()) is not None:
             b = heap[0][2]
             bucket = buckets[b]
-            if held_back(bucket[0][2]):  # (starts since it was offered took the room)
-                heapq.heappop(heap)
+            job = bucket[0][2]
+            if held_back(job):  # (starts since it was offered took the room)
+                heappop(heap)
                 review(b)
                 continue
-            job = heapq.heappop(bucket)[2]
+            heappop(bucket)
             queued -= 1
-            start(job, clock, moment_confidence)
+            # start(job, clock, moment_confidence), written out: ten thousand starts a pass
+            gpu_type, gpus = kinds[b]
+            free[gpu_type] -= gpus
+            changed.add(gpu_type)
+            team, units = job.team, job.units
+            team_room[team] = team_room.get(team, 0) - units
+            if user_room and (team, job.user) in user_room:
+                user_room[(team, job.user)] -= units
+            job_id = job.job_id
+            if not job.expected and job_id not in estimates:
+                estimates[job_id] = Estimate(clock, moment_confidence)
+                unplaced.discard(job_id)
+            heappush(freed, (clock + job.runtime_s, next(seq), gpu_type, gpus, team, job.user, units,
+                             job.confidence if job.confidence < moment_confidence else moment_confidence, None))
             # the bucket's next job, offered in its place unless held back
             if bucket and not held_back(bucket[0][2]):
-                heapq.heapreplace(heap, (bucket[0][0], new_token(b), b))
+                t = token[b] = next(tokens)
+                heapreplace(heap, (bucket[0][0], t, b))
             else:
-                heapq.heappop(heap)
+                heappop(heap)
                 review(b)
         if not unplaced or not (reserved or queued) or not (events or freed):
             break
