@@ -266,6 +266,19 @@ class ConsolePass:
         found = self.free.choose_share(job, min_units(job), self._fenced(job))
         return None if found is None else ((found[0],), found[1])
 
+    def _known_no_fit(self, job: PendingJob) -> bool:
+        """Whether _choose is sure to find nothing for `job`, as _choose_whole would know it (a gang at least as
+        wide as one that found no GPUs since GPUs last came back, and no reserved GPUs it might use): most jobs of a
+        long queue, told without the calls."""
+        if job.needs_containers or (self.reservation is not None and self.reservation.held):
+            return False
+        failed = self.no_fit.get(job.gpu_type)
+        if failed is None or failed[0] != self.free.version or job.gpus < failed[1]:
+            return False
+        if job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None):  # (a fraction)
+            return False
+        return not self.config.consolidate or job.gpus <= self.widest_host.get(job.gpu_type, 0)
+
     def _choose_whole(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
         # Most jobs of a long queue do not fit: remember the smallest gang that failed since GPUs last came back.
         # (Only for single-host gangs when consolidating: a wider gang may fit across hosts where a narrower
@@ -529,7 +542,7 @@ class ConsolePass:
             capacity = self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         if capacity is not None:
             return capacity
-        need = FULL * job.gpus if job.gpus != 1 else min_units(job)
+        need = FULL * job.gpus if job.gpus != 1 or not is_fractional(job) else min_units(job)
         user_cap = quota.user_max_gpus.get(job.user)
         user_held = self.user_held[(job.team, job.user)]
         if user_cap is not None and user_held + need > FULL * user_cap:
@@ -546,7 +559,7 @@ class ConsolePass:
             and job.preemptible
             and job.preemption_count < config.max_preemptions_per_job
         )
-        if within_quota or may_borrow:
+        if (within_quota or may_borrow) and not self._known_no_fit(job):
             chosen = self._choose(job, remaining)
             if chosen is not None:
                 # A memory request may take more units on the chosen GPU than the least the quota check assumed.
@@ -555,7 +568,9 @@ class ConsolePass:
                 if not cap_over and (not over or may_borrow):
                     self._commit(job, chosen, over, remaining)
                     return None
-        if self._try_preempt(job, score, remaining, within_quota, quota_room_needed):
+        if self.searches < config.max_preemption_searches and self._try_preempt(
+            job, score, remaining, within_quota, quota_room_needed
+        ):
             return None
         if not within_quota:
             if may_borrow:
