@@ -85,8 +85,8 @@ _Event = tuple[float, int, Waiting | None, Waiting | None]
 _BucketKey = tuple[str, int, str, str, bool]
 # (what the bucket's first job needs of the resource, token, bucket number)
 _Parked = tuple[int, int, int]
-# (the bucket's first job's order, token, bucket number)
-_Offer = tuple[Order, int, int]
+# (the bucket's first job's rank (its order's place among all orders), token, bucket number)
+_Offer = tuple[int, int, int]
 
 
 def estimate_starts(
@@ -126,9 +126,16 @@ def estimate_starts(
     events: list[_Event] = [(max(now, at), next(seq), None, replace(job, expected=True)) for at, job in arrivals]
     heapq.heapify(events)
     estimates: dict[int, Estimate | None] = {}
+    # Every order that can join the queue is known now (queued jobs, expected submissions, stopped jobs queued
+    # again): the heaps hold each one's rank among them, and compare ints rather than tuples of tuples (equal
+    # orders, equal ranks: the same comparisons' outcomes).
+    orders = [job.order for job in queue]
+    orders += [job.order for _, job in arrivals]
+    orders += [r.requeue.order for r in releases if r.requeue is not None]
+    rank = {order: i for i, order in enumerate(dict.fromkeys(sorted(orders)))}
     # Buckets by number: the jobs (in a heap by order), (gpu type, GPUs), current token.
     numbers: dict[_BucketKey, int] = {}
-    buckets: list[list[tuple[Order, int, Waiting]]] = []
+    buckets: list[list[tuple[int, int, Waiting]]] = []
     kinds: list[tuple[str, int]] = []
     token: list[int] = []
     tokens = itertools.count()
@@ -164,7 +171,7 @@ def estimate_starts(
         t = new_token(b)
         if not bucket:
             return
-        order, _, job = bucket[0]
+        order, _, job = bucket[0]  # (the job's rank)
         if job.quota_bound and team_room.get(job.team, 0) < job.units:
             heapq.heappush(short_of_team.setdefault(job.team, []), (job.units, t, b))
         elif user_room and (room := user_room.get((job.team, job.user))) is not None and room < job.units:
@@ -214,7 +221,7 @@ def estimate_starts(
         if b is None:
             return
         bucket = buckets[b]
-        heapq.heappush(bucket, (job.order, next(seq), job))
+        heapq.heappush(bucket, (rank[job.order], next(seq), job))
         queued += 1
         if bucket[0][2] is job:  # a new first job
             review(b)
@@ -259,7 +266,7 @@ def estimate_starts(
     for job in queue:
         if job.fixed_start is None:
             if (b := bucket_of(job)) is not None:
-                buckets[b].append((job.order, next(seq), job))
+                buckets[b].append((rank[job.order], next(seq), job))
                 queued += 1
         elif (job.gpu_type or default_type) in free:
             heapq.heappush(events, (max(now, job.fixed_start), next(seq), job, None))
