@@ -118,6 +118,7 @@ def estimate_starts(
     # Untyped jobs are counted on the type with the most GPUs (a simplification of "any type").
     default_type = max(capacity_by_type, key=lambda t: (capacity_by_type[t], t), default=None)
     seq = itertools.count()
+    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     freed: list[_Freed] = [
         (r.at, next(seq), r.gpu_type or default_type, r.gpus, r.team, r.user, r.units, r.confidence, r.requeue)
         for r in releases
@@ -144,9 +145,9 @@ def estimate_starts(
     # in ascending GPUs
     offers: dict[str, dict[int, list[_Offer]]] = {t: {} for t in capacity_by_type}
     by_size: dict[str, list[tuple[int, list[_Offer]]]] = {t: [] for t in capacity_by_type}
-    # gpu type -> the offers whose first comes first among those its free GPUs fit; `changed`: the types whose
-    # free GPUs or offers changed since
-    best_of: dict[str, list[_Offer] | None] = {}
+    # gpu type -> the offers whose first comes first among those its free GPUs fit, with that first's rank;
+    # `changed`: the types whose free GPUs or offers changed since
+    best_of: dict[str, tuple[int, list[_Offer]] | None] = {}
     changed: set[str] = set(capacity_by_type)
     short_of_team: dict[str, list[_Parked]] = {}
     short_of_user: dict[tuple[str, str], list[_Parked]] = {}
@@ -231,19 +232,28 @@ def estimate_starts(
         for gpu_type in changed:
             room = free[gpu_type]
             best: list[_Offer] | None = None
+            best_rank = 0
             for gpus, heap in by_size[gpu_type]:
                 if gpus > room:
                     break
-                while heap and token[heap[0][2]] != heap[0][1]:
-                    heapq.heappop(heap)
-                if heap and (best is None or heap[0][0] < best[0][0]):
-                    best = heap
-            best_of[gpu_type] = best
+                if not heap:
+                    continue
+                top = heap[0]
+                while token[top[2]] != top[1]:  # (an offer left behind by a newer one of its bucket)
+                    heappop(heap)
+                    if not heap:
+                        break
+                    top = heap[0]
+                else:  # (a current offer on top)
+                    if best is None or top[0] < best_rank:
+                        best, best_rank = heap, top[0]
+            best_of[gpu_type] = None if best is None else (best_rank, best)
         changed.clear()
         first: list[_Offer] | None = None
+        first_rank = 0
         for candidate in best_of.values():
-            if candidate is not None and (first is None or candidate[0][0] < first[0][0]):
-                first = candidate
+            if candidate is not None and (first is None or candidate[0] < first_rank):
+                first_rank, first = candidate
         return first
 
     def start(job: Waiting, at: float, confidence: float) -> None:
@@ -278,7 +288,6 @@ def estimate_starts(
         heapq.heapify(bucket)
         review(b)
     clock = now
-    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     while True:
         while events and events[0][0] <= clock:
             _, _, reserved_start, arrival = heapq.heappop(events)
