@@ -218,6 +218,8 @@ class RuntimeHistory:
     def _estimate(
         self, user: str, similarity_key: str, gpus: int, attribute: str, work: float | None
     ) -> tuple[float | None, float | None]:
+        if similarity_key not in self._anyone:  # (no run of the program at all: nothing to look up)
+            return None, None
         key = (user, similarity_key, gpus, attribute, work)
         cached = self._cache.get(key)
         if cached is not None:
