@@ -85,8 +85,8 @@ _Event = tuple[float, int, Waiting | None, Waiting | None]
 _BucketKey = tuple[str, int, str, str, bool]
 # (what the bucket's first job needs of the resource, token, bucket number)
 _Parked = tuple[int, int, int]
-# (the bucket's first job's order, token, bucket number)
-_Offer = tuple[Order, int, int]
+# (the bucket's first job's rank (its order's place among all orders), token, bucket number)
+_Offer = tuple[int, int, int]
 
 
 def estimate_starts(
@@ -118,6 +118,7 @@ def estimate_starts(
     # Untyped jobs are counted on the type with the most GPUs (a simplification of "any type").
     default_type = max(capacity_by_type, key=lambda t: (capacity_by_type[t], t), default=None)
     seq = itertools.count()
+    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     freed: list[_Freed] = [
         (r.at, next(seq), r.gpu_type or default_type, r.gpus, r.team, r.user, r.units, r.confidence, r.requeue)
         for r in releases
@@ -126,9 +127,16 @@ def estimate_starts(
     events: list[_Event] = [(max(now, at), next(seq), None, replace(job, expected=True)) for at, job in arrivals]
     heapq.heapify(events)
     estimates: dict[int, Estimate | None] = {}
+    # Every order that can join the queue is known now (queued jobs, expected submissions, stopped jobs queued
+    # again): the heaps hold each one's rank among them, and compare ints rather than tuples of tuples (equal
+    # orders, equal ranks: the same comparisons' outcomes).
+    orders = [job.order for job in queue]
+    orders += [job.order for _, job in arrivals]
+    orders += [r.requeue.order for r in releases if r.requeue is not None]
+    rank = {order: i for i, order in enumerate(dict.fromkeys(sorted(orders)))}
     # Buckets by number: the jobs (in a heap by order), (gpu type, GPUs), current token.
     numbers: dict[_BucketKey, int] = {}
-    buckets: list[list[tuple[Order, int, Waiting]]] = []
+    buckets: list[list[tuple[int, int, Waiting]]] = []
     kinds: list[tuple[str, int]] = []
     token: list[int] = []
     tokens = itertools.count()
@@ -137,9 +145,9 @@ def estimate_starts(
     # in ascending GPUs
     offers: dict[str, dict[int, list[_Offer]]] = {t: {} for t in capacity_by_type}
     by_size: dict[str, list[tuple[int, list[_Offer]]]] = {t: [] for t in capacity_by_type}
-    # gpu type -> the offers whose first comes first among those its free GPUs fit; `changed`: the types whose
-    # free GPUs or offers changed since
-    best_of: dict[str, list[_Offer] | None] = {}
+    # gpu type -> the offers whose first comes first among those its free GPUs fit, with that first's rank;
+    # `changed`: the types whose free GPUs or offers changed since
+    best_of: dict[str, tuple[int, list[_Offer]] | None] = {}
     changed: set[str] = set(capacity_by_type)
     short_of_team: dict[str, list[_Parked]] = {}
     short_of_user: dict[tuple[str, str], list[_Parked]] = {}
@@ -164,7 +172,7 @@ def estimate_starts(
         t = new_token(b)
         if not bucket:
             return
-        order, _, job = bucket[0]
+        order, _, job = bucket[0]  # (the job's rank)
         if job.quota_bound and team_room.get(job.team, 0) < job.units:
             heapq.heappush(short_of_team.setdefault(job.team, []), (job.units, t, b))
         elif user_room and (room := user_room.get((job.team, job.user))) is not None and room < job.units:
@@ -214,7 +222,7 @@ def estimate_starts(
         if b is None:
             return
         bucket = buckets[b]
-        heapq.heappush(bucket, (job.order, next(seq), job))
+        heapq.heappush(bucket, (rank[job.order], next(seq), job))
         queued += 1
         if bucket[0][2] is job:  # a new first job
             review(b)
@@ -224,19 +232,28 @@ def estimate_starts(
         for gpu_type in changed:
             room = free[gpu_type]
             best: list[_Offer] | None = None
+            best_rank = 0
             for gpus, heap in by_size[gpu_type]:
                 if gpus > room:
                     break
-                while heap and token[heap[0][2]] != heap[0][1]:
-                    heapq.heappop(heap)
-                if heap and (best is None or heap[0][0] < best[0][0]):
-                    best = heap
-            best_of[gpu_type] = best
+                if not heap:
+                    continue
+                top = heap[0]
+                while token[top[2]] != top[1]:  # (an offer left behind by a newer one of its bucket)
+                    heappop(heap)
+                    if not heap:
+                        break
+                    top = heap[0]
+                else:  # (a current offer on top)
+                    if best is None or top[0] < best_rank:
+                        best, best_rank = heap, top[0]
+            best_of[gpu_type] = None if best is None else (best_rank, best)
         changed.clear()
         first: list[_Offer] | None = None
+        first_rank = 0
         for candidate in best_of.values():
-            if candidate is not None and (first is None or candidate[0][0] < first[0][0]):
-                first = candidate
+            if candidate is not None and (first is None or candidate[0] < first_rank):
+                first_rank, first = candidate
         return first
 
     def start(job: Waiting, at: float, confidence: float) -> None:
@@ -259,7 +276,7 @@ def estimate_starts(
     for job in queue:
         if job.fixed_start is None:
             if (b := bucket_of(job)) is not None:
-                buckets[b].append((job.order, next(seq), job))
+                buckets[b].append((rank[job.order], next(seq), job))
                 queued += 1
         elif (job.gpu_type or default_type) in free:
             heapq.heappush(events, (max(now, job.fixed_start), next(seq), job, None))
@@ -298,18 +315,33 @@ def estimate_starts(
         while (heap := first_fitting()) is not None:
             b = heap[0][2]
             bucket = buckets[b]
-            if held_back(bucket[0][2]):  # (starts since it was offered took the room)
-                heapq.heappop(heap)
+            job = bucket[0][2]
+            if held_back(job):  # (starts since it was offered took the room)
+                heappop(heap)
                 review(b)
                 continue
-            job = heapq.heappop(bucket)[2]
+            heappop(bucket)
             queued -= 1
-            start(job, clock, moment_confidence)
+            # start(job, clock, moment_confidence), written out: ten thousand starts a pass
+            gpu_type, gpus = kinds[b]
+            free[gpu_type] -= gpus
+            changed.add(gpu_type)
+            team, units = job.team, job.units
+            team_room[team] = team_room.get(team, 0) - units
+            if user_room and (team, job.user) in user_room:
+                user_room[(team, job.user)] -= units
+            job_id = job.job_id
+            if not job.expected and job_id not in estimates:
+                estimates[job_id] = Estimate(clock, moment_confidence)
+                unplaced.discard(job_id)
+            heappush(freed, (clock + job.runtime_s, next(seq), gpu_type, gpus, team, job.user, units,
+                             job.confidence if job.confidence < moment_confidence else moment_confidence, None))
             # the bucket's next job, offered in its place unless held back
             if bucket and not held_back(bucket[0][2]):
-                heapq.heapreplace(heap, (bucket[0][0], new_token(b), b))
+                t = token[b] = next(tokens)
+                heapreplace(heap, (bucket[0][0], t, b))
             else:
-                heapq.heappop(heap)
+                heappop(heap)
                 review(b)
         if not unplaced or not (reserved or queued) or not (events or freed):
             break

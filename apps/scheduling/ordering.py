@@ -115,28 +115,42 @@ def estimate_service(
     With exact declarations the declaration dominates (shortest remaining first); with none the order is 2D-LAS
     over queues learned from history; noisy or partial declarations weigh in as far as they have been right.
     """
-    history = history or _EMPTY
+    remaining, index, next_floor = service_estimate(job, now, history or EMPTY_HISTORY, quantiles)
+    return ServiceEstimate(remaining, index, next_floor)
+
+
+def service_estimate(
+    job: PendingJob | RunningJob,
+    now: float,
+    history: RuntimeHistory,
+    quantiles: tuple[float, ...] = SERVICE_QUANTILES,
+) -> tuple[float, int, float | None]:
+    """estimate_service's (remaining GPU-seconds, queue, next floor), without making the ServiceEstimate: the
+    pass asks it of every waiting job. The shortcuts for a job that never ran give the same figures."""
     queues = history.service_queues(quantiles)
-    held = gpus_held(job.gpus, job_share_units(job))
-    attained = attained_gpu_seconds(job, now)
-    index = _queue_of(queues, attained)
+    running = isinstance(job, RunningJob)
+    held = gpus_held(job.gpus, job_share_units(job)) if job.gpu_share < 1.0 else job.gpus
+    attained = attained_gpu_seconds(job, now) if running else job.attained_gpu_seconds
+    index = _queue_of(queues, attained) if attained > 0.0 else 0
     queue = queues[index]
     next_floor = queues[index + 1].floor if index + 1 < len(queues) else None
     weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
     total = queue.log_remaining * weight
+    # (elapsed_run_s is 0 for a job that never ran)
+    elapsed = elapsed_run_s(job, now) if running or job.attained_gpu_seconds else 0.0
+    declared = job.declared_steps
     step = job.observed_step_s
-    if step is None and job.similarity_key is not None and job.declared_steps is not None:
+    if step is None and job.similarity_key is not None and declared is not None:
         step = history.step_s(job.user, job.similarity_key, job.gpus)
-    if job.declared_steps is not None and step:
-        left = job.declared_steps - steps_done(job, now, step)
+    if declared is not None and step:
+        left = declared - (steps_done(job, now, step) if running else float(job.steps_done))
         # past its declaration: it needs a fraction of what it has run more (prediction.py's rule)
-        left_s = left * step if left > 0 else OVERRUN_FRACTION * elapsed_run_s(job, now)
+        left_s = left * step if left > 0 else OVERRUN_FRACTION * elapsed
         if left_s > 0:
             w = 1.0 / history.declaration_sigma(job.user) ** 2
             total += math.log(max(left_s * held, 1.0)) * w
             weight += w
-    if job.similarity_key is not None and job.declared_steps is None:
-        elapsed = elapsed_run_s(job, now)
+    if job.similarity_key is not None and declared is None:
         similar = history.similar_remaining(job.user, job.similarity_key, job.gpus, elapsed)
         if similar is not None:
             w = 1.0 / max(similar[1], MIN_SIGMA) ** 2
@@ -144,8 +158,9 @@ def estimate_service(
             weight += w
     remaining = math.exp(total / weight)
     if job.time_limit_s is not None:
-        remaining = min(remaining, max(1.0, (job.time_limit_s - elapsed_run_s(job, now)) * held))
-    return ServiceEstimate(remaining, index, next_floor)
+        remaining = min(remaining, max(1.0, (job.time_limit_s - elapsed) * held))
+    return remaining, index, next_floor
 
 
-_EMPTY = RuntimeHistory()
+# (the history of a snapshot without one)
+EMPTY_HISTORY = RuntimeHistory()

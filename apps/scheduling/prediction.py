@@ -180,6 +180,8 @@ class RuntimeHistory:
         """(log of the median remaining run time, its spread) of similar finished runs that outlasted `elapsed_s`
         (the user's own first, else anyone's; same GPU count first), or None with fewer than 3 such runs. Runs that
         say their work size are left out (their run time scales with it; predict() handles them)."""
+        if similarity_key not in self._anyone:  # (no run of the program at all: nothing to look up)
+            return None
         # (elapsed rounded down to 10 minutes, so that one answer serves many jobs and passes)
         elapsed_s = 600.0 * (elapsed_s // 600) if elapsed_s > 0 else 0.0
         key = (user, similarity_key, gpus, elapsed_s)
@@ -216,6 +218,8 @@ class RuntimeHistory:
     def _estimate(
         self, user: str, similarity_key: str, gpus: int, attribute: str, work: float | None
     ) -> tuple[float | None, float | None]:
+        if similarity_key not in self._anyone:  # (no run of the program at all: nothing to look up)
+            return None, None
         key = (user, similarity_key, gpus, attribute, work)
         cached = self._cache.get(key)
         if cached is not None:
@@ -291,8 +295,12 @@ class Prediction:
     confidence: float
 
 
-def predict(job: PendingJob | RunningJob, history: RuntimeHistory | None, default_s: float) -> Prediction:
-    """The whole job's predicted run time, how it was made, and its confidence."""
+# (total seconds, by steps, step seconds, confidence): Prediction's fields, as the pass makes them (a tuple costs
+# less to make than the dataclass, ten thousand times a pass).
+_Predicted = tuple[float, bool, float | None, float]
+
+
+def _predicted(job: PendingJob | RunningJob, history: RuntimeHistory | None, default_s: float) -> _Predicted:
     step, confidence = job.observed_step_s, None
     if step is not None:
         if history is not None and job.similarity_key is not None:
@@ -301,42 +309,47 @@ def predict(job: PendingJob | RunningJob, history: RuntimeHistory | None, defaul
     elif history is not None and job.similarity_key is not None:
         step, confidence = history.step_estimate(job.user, job.similarity_key, job.gpus)
     if job.declared_steps is not None and step:
-        return Prediction(
-            job.declared_steps * step, True, step, confidence if confidence is not None else 0.5
-        )
+        return job.declared_steps * step, True, step, confidence if confidence is not None else 0.5
     if history is not None and job.similarity_key is not None:
         runtime, confidence = history.runtime_estimate(job.user, job.similarity_key, job.gpus, job.work_size)
         if runtime is not None:
             if job.time_limit_s is not None:
                 runtime = min(runtime, job.time_limit_s)
-            return Prediction(runtime, False, None, confidence if confidence is not None else 0.5)
+            return runtime, False, None, confidence if confidence is not None else 0.5
     if job.time_limit_s is not None:
-        return Prediction(job.time_limit_s, False, None, TIME_LIMIT_CONFIDENCE)
-    return Prediction(default_s, False, None, DEFAULT_CONFIDENCE)
+        return job.time_limit_s, False, None, TIME_LIMIT_CONFIDENCE
+    return default_s, False, None, DEFAULT_CONFIDENCE
+
+
+def predict(job: PendingJob | RunningJob, history: RuntimeHistory | None, default_s: float) -> Prediction:
+    """The whole job's predicted run time, how it was made, and its confidence."""
+    return Prediction(*_predicted(job, history, default_s))
 
 
 def predict_total_s(job: PendingJob | RunningJob, history: RuntimeHistory | None, default_s: float) -> float:
     """Predicted wall-clock run time of the whole job (for display and reservations)."""
-    return predict(job, history, default_s).total_s
+    return _predicted(job, history, default_s)[0]
 
 
 def predict_remaining(
     job: PendingJob | RunningJob, now: float, history: RuntimeHistory | None, default_s: float
 ) -> tuple[float, float]:
     """(predicted remaining seconds, confidence)."""
-    prediction = predict(job, history, default_s)
-    elapsed = elapsed_run_s(job, now)
-    if prediction.by_steps and prediction.step_s and job.declared_steps is not None:
-        done = steps_done(job, now, prediction.step_s)
-        remaining = (job.declared_steps - done) * prediction.step_s
+    total_s, by_steps, step_s, confidence = _predicted(job, history, default_s)
+    # (a waiting job that never ran, most of a long queue: it has run 0 s and done its steps so far)
+    running = isinstance(job, RunningJob)
+    elapsed = elapsed_run_s(job, now) if running or job.attained_gpu_seconds else 0.0
+    if by_steps and step_s and job.declared_steps is not None:
+        done = steps_done(job, now, step_s) if running else float(job.steps_done)
+        remaining = (job.declared_steps - done) * step_s
     else:
-        remaining = prediction.total_s - elapsed
+        remaining = total_s - elapsed
         if job.time_limit_s is not None:
             remaining = min(remaining, job.time_limit_s - elapsed)
     if remaining <= 0:
         # Past its prediction: the longer it has run, the longer it is likely to run on (and the less we know).
-        return OVERRUN_FRACTION * elapsed, min(prediction.confidence, TIME_LIMIT_CONFIDENCE)
-    return remaining, prediction.confidence
+        return OVERRUN_FRACTION * elapsed, min(confidence, TIME_LIMIT_CONFIDENCE)
+    return remaining, confidence
 
 
 def predict_remaining_s(

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field, replace
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.estimate import Order, Waiting, estimate_starts, expected_arrivals
 from apps.scheduling.estimate import Release as EndsAt
-from apps.scheduling.ordering import FairShare, ServiceEstimate, aging_boost, estimate_service
+from apps.scheduling.ordering import (
+    EMPTY_HISTORY,
+    FairShare,
+    ServiceEstimate,
+    aging_boost,
+    estimate_service,
+    service_estimate,
+)
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
 from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
 from apps.scheduling.preemption import (
@@ -187,6 +194,36 @@ class ConsolePass:
         self.scores[job.job_id] = score
         return score
 
+    def _ranked(self) -> list[Ranked]:
+        """The waiting jobs in pass order, each with its predicted remaining time (as _remaining) and its score
+        (as _score): the same figures, with what is the same for every job looked up once (ten thousand jobs)."""
+        now, history, default_s = self.now, self.snapshot.history, self.config.default_runtime_s
+        ordering, aging_s = self.config.ordering, self.config.aging_s
+        queues_of = history or EMPTY_HISTORY
+        confidence_of, expected, scores = self.confidence, self.expected, self.scores
+        penalties: dict[tuple[str, str], float] = {}
+        ordered: list[Ranked] = []
+        for job in self.snapshot.pending:
+            job_id = job.job_id
+            remaining, confidence_of[job_id] = predict_remaining(job, now, history, default_s)
+            expected[job_id] = remaining
+            remaining = max(remaining, MIN_DECISION_REMAINING_S)
+            if ordering == "fifo":
+                score = 0.0
+            else:
+                boost = 1.0 + max(0.0, now - job.submitted_at) / aging_s if aging_s > 0 else 1.0
+                penalty = penalties.get((job.team, job.user))
+                if penalty is None:
+                    penalty = penalties[(job.team, job.user)] = self.fair.penalty(job.team, job.user)
+                if ordering == "fair-share":
+                    score = penalty / boost
+                else:
+                    score = service_estimate(job, now, queues_of)[0] * penalty / boost
+            scores[job_id] = score
+            ordered.append((-job.priority, score, job.submitted_at, job_id, job, remaining))
+        ordered.sort()  # job ids are unique: the comparison never reaches the job itself
+        return ordered
+
     def _running_states(self) -> None:
         config = self.config
         for job in self.snapshot.running:
@@ -228,6 +265,19 @@ class ConsolePass:
     def _choose_share(self, job: PendingJob) -> Choice | None:
         found = self.free.choose_share(job, min_units(job), self._fenced(job))
         return None if found is None else ((found[0],), found[1])
+
+    def _known_no_fit(self, job: PendingJob) -> bool:
+        """Whether _choose is sure to find nothing for `job`, as _choose_whole would know it (a gang at least as
+        wide as one that found no GPUs since GPUs last came back, and no reserved GPUs it might use): most jobs of a
+        long queue, told without the calls."""
+        if job.needs_containers or (self.reservation is not None and self.reservation.held):
+            return False
+        failed = self.no_fit.get(job.gpu_type)
+        if failed is None or failed[0] != self.free.version or job.gpus < failed[1]:
+            return False
+        if job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None):  # (a fraction)
+            return False
+        return not self.config.consolidate or job.gpus <= self.widest_host.get(job.gpu_type, 0)
 
     def _choose_whole(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
         # Most jobs of a long queue do not fit: remember the smallest gang that failed since GPUs last came back.
@@ -450,16 +500,9 @@ class ConsolePass:
     def run(self) -> Decisions:
         self._running_states()
         self._stop_over_budget()
-        remaining_of, score_of = self._remaining, self._score
-        ordered: list[Ranked] = []
-        fractions = False
-        for job in self.snapshot.pending:
-            fractions = fractions or (job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None))
-            remaining = remaining_of(job)
-            ordered.append(
-                (-job.priority, score_of(job, remaining), job.submitted_at, job.job_id, job, remaining)
-            )
-        ordered.sort()  # job ids are unique: the comparison never reaches the job itself
+        ordered = self._ranked()
+        fractions = any(job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None)
+                        for job in self.snapshot.pending)
         if fractions:
             self.fence = self._fraction_fence(ordered)
 
@@ -499,7 +542,7 @@ class ConsolePass:
             capacity = self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         if capacity is not None:
             return capacity
-        need = FULL * job.gpus if job.gpus != 1 else min_units(job)
+        need = FULL * job.gpus if job.gpus != 1 or not is_fractional(job) else min_units(job)
         user_cap = quota.user_max_gpus.get(job.user)
         user_held = self.user_held[(job.team, job.user)]
         if user_cap is not None and user_held + need > FULL * user_cap:
@@ -516,7 +559,7 @@ class ConsolePass:
             and job.preemptible
             and job.preemption_count < config.max_preemptions_per_job
         )
-        if within_quota or may_borrow:
+        if (within_quota or may_borrow) and not self._known_no_fit(job):
             chosen = self._choose(job, remaining)
             if chosen is not None:
                 # A memory request may take more units on the chosen GPU than the least the quota check assumed.
@@ -525,7 +568,9 @@ class ConsolePass:
                 if not cap_over and (not over or may_borrow):
                     self._commit(job, chosen, over, remaining)
                     return None
-        if self._try_preempt(job, score, remaining, within_quota, quota_room_needed):
+        if self.searches < config.max_preemption_searches and self._try_preempt(
+            job, score, remaining, within_quota, quota_room_needed
+        ):
             return None
         if not within_quota:
             if may_borrow:
@@ -671,8 +716,24 @@ class ConsolePass:
         )
 
     def _queue(self, ranked: list[tuple[PendingJob, float, Order]]) -> list[Waiting]:
-        entry = self._waiting_entry
-        queue = [entry(job, remaining, order) for job, remaining, order in ranked]
+        # (_waiting_entry for each job, with what it looks up once per job looked up once per team: ten thousand
+        # jobs)
+        lends: dict[str, bool] = {}
+        for job, _, _ in ranked:
+            if job.team not in lends:
+                quota = self.snapshot.quotas.get(job.team)
+                lends[job.team] = quota is not None and self.config.borrowing and quota.may_borrow
+        max_preemptions = self.config.max_preemptions_per_job
+        expected, confidence = self.expected, self.confidence
+        queue = [
+            Waiting(
+                job.job_id, order, job.team, job.user, job.gpus, job.gpu_type,
+                FULL * job.gpus if job.gpus != 1 or not is_fractional(job) else min_units(job),
+                min(remaining, expected.get(job.job_id, remaining)), confidence.get(job.job_id, 0.0),
+                not (lends[job.team] and job.preemptible and job.preemption_count < max_preemptions),
+            )
+            for job, remaining, order in ranked
+        ]
         head = self.reservation
         if head is None:
             return queue
