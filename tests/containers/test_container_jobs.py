@@ -359,7 +359,10 @@ def test_a_gang_job_rendezvouses_across_two_agents_on_the_host_network(
     script = ("import os, torch, torch.distributed as dist\n"
               "dist.init_process_group('gloo')\n"
               "t = torch.tensor([1.0]); dist.all_reduce(t)\n"
-              "os.write(1, f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()}\\n'.encode())\n")
+              "os.write(1, f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()}\\n'.encode())\n"
+              # as a well-behaved script ends: without it gloo's threads may abort the process at exit
+              # ("terminate called without an active exception", seen once under load)
+              "dist.barrier(); dist.destroy_process_group()\n")
     token = agent.dispatch(torch_image, []).job_token
     code = upload(console, token, {"train.py": script})
     endpoint, run_id = f"127.0.0.1:{free_port()}", "gang-test"
