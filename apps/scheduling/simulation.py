@@ -354,6 +354,10 @@ class Simulator:
         if not job_ids:
             self.sharing.pop(gpu_id, None)
             return
+        self._retime_jobs(job_ids)
+
+    def _retime_jobs(self, job_ids: list[int]) -> None:
+        """Jobs sharing GPUs: settle each, give it the rate and end its slowdown there gives, refresh its view."""
         states = [self.jobs[j] for j in job_ids]
         factors = slowdowns(
             [profile(s.trace.step_s, s.trace.resource_s) for s in states], self.switch_overhead
@@ -426,20 +430,7 @@ class Simulator:
 
     def _retime_group(self, key: tuple[int, ...]) -> None:
         """A group changed: each member's rate is 1 / its slowdown in the group, from its true profile."""
-        states = [self.jobs[j] for j in self.groups[key]]
-        factors = slowdowns(
-            [profile(s.trace.step_s, s.trace.resource_s) for s in states], self.switch_overhead
-        )
-        for state, factor in zip(states, factors, strict=True):
-            self._settle(state)
-            state.rate = 1.0 / factor
-            state.end_token += 1
-            begin = max(self.now, state.run_start + state.run_overhead_s)
-            heapq.heappush(
-                self.ends, (begin + state.remaining_s * factor, state.trace.job_id, state.end_token)
-            )
-            view = self.running[state.trace.job_id]
-            self.running[state.trace.job_id] = self._running_view(state, view.gpu_ids, view.borrowing)
+        self._retime_jobs(list(self.groups[key]))
 
     def _pack(self, decisions: Decisions) -> None:
         if self.pack is None:
