@@ -5,8 +5,16 @@ EstimateFigures): the median of |estimate - real start| / wait over the jobs tha
 that started within 25 % of their wait from the estimate.
 
     python benchmarks/scheduler.py [--traces-dir ../shared/traces] [--traces trace3,trace4,trace1]
-        [--declarations exact,noisy,partial,none] [--policies all|NAME,...] [--seed 0]
+        [--declarations exact,noisy,partial,none] [--policies all|NAME,...] [--seed 0] [--load 0.5,1,1.5]
         [--runtime-model muri|duration] [--preempt-cost-s 30] [--passes 9] [--skip-traces]
+
+A trace name is looked up as muri/NAME.csv under --traces-dir, then under benchmarks/traces (further public Muri
+traces kept with the code: trace2, the *_pr variants, job_type_1..3; see benchmarks/traces/muri/README.md).
+`pollux-*` names are the Pollux (OSDI'21) workloads converted to the same format (benchmarks/traces/pollux: e.g.
+pollux-w1..w8 at their normal load, pollux-2.0-w1 from their 2x set; `pollux` alone means all of them): they run
+on Pollux's cluster of 16 nodes x 4 GPUs, for their duration column (Muri's 1.5 % slowdown is not theirs).
+--load scales the gaps between submissions (apps/scheduling/trace.py with_load): 2 packs the arrivals twice as
+densely (twice the offered load), 0.5 spreads them; the published figures are printed beside load 1 only.
 
 Each trace runs under every declaration mode (apps/scheduling/trace.py with_declarations: what jobs declare of
 their steps; the truth is unchanged): the policies that read declarations (fifo-backfill, console,
@@ -36,10 +44,33 @@ from apps.scheduling.packing import PackingConfig  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
 from apps.scheduling.simulate import POLICY_NAMES, simulate  # noqa: E402
 from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
-from apps.scheduling.trace import DECLARATION_MODES, load_trace, with_declarations  # noqa: E402
+from apps.scheduling.trace import (  # noqa: E402
+    DECLARATION_MODES,
+    TraceJob,
+    all_submitted_at_start,
+    load_trace,
+    with_declarations,
+    with_load,
+)
 
 RAW_FILE = "published_raw_fig9-10_from_draw_fig9-10.py.txt"
-RAW_TRACE_INDEX = {"trace1": 0, "trace3": 4, "trace4": 6}
+RAW_TRACE_INDEX = {
+    "trace1": 0,
+    "trace1_pr": 1,
+    "trace2": 2,
+    "trace2_pr": 3,
+    "trace3": 4,
+    "trace3_pr": 5,
+    "trace4": 6,
+    "trace4_pr": 7,
+}
+# Where a trace name is looked up after --traces-dir: the public traces kept in this repository.
+BUNDLED_TRACES = REPO / "benchmarks" / "traces"
+MURI_CLUSTER = "8x8"
+# The Pollux workloads (benchmarks/traces/pollux/README.md), on their testbed's shape.
+POLLUX_TRACES = BUNDLED_TRACES / "pollux"
+POLLUX_PREFIX = "pollux"
+POLLUX_CLUSTER = "16x4"
 RAW_SCHEDULERS = {
     "SRTF": "srtf-oracle",
     "SRSF": "srsf-oracle",
@@ -71,6 +102,59 @@ def published(traces_dir: Path) -> dict[tuple[str, str, str], float]:
     return figures
 
 
+# Muri's `NAME_pr` traces are NAME with every job submitted at time 0 (benchmarks/traces/muri/README.md).
+ALL_AT_START_SUFFIX = "_pr"
+
+
+def is_pollux(trace: str) -> bool:
+    return trace.startswith(POLLUX_PREFIX + "-")
+
+
+def expand_traces(names: list[str]) -> list[str]:
+    """The --traces list with `pollux` standing for every converted Pollux workload (normal load first)."""
+    expanded: list[str] = []
+    for name in names:
+        if name != POLLUX_PREFIX:
+            expanded.append(name)
+            continue
+        stems = [path.stem for path in POLLUX_TRACES.glob(f"{POLLUX_PREFIX}-*.csv")]
+        expanded += sorted(
+            stems, key=lambda s: (s.count("-") > 1, [int(d) for d in re.findall(r"\d+", s)], s)
+        )
+    return expanded
+
+
+def trace_setup(trace: str, runtime_model: str) -> tuple[str, str]:
+    """(cluster shape, runtime model) a trace runs under: Pollux's own for its workloads."""
+    if is_pollux(trace):
+        return POLLUX_CLUSTER, "duration"
+    return MURI_CLUSTER, runtime_model
+
+
+def load_named_trace(traces_dir: Path, trace: str, runtime_model: str) -> list[TraceJob]:
+    """The trace called `trace`; a `*_pr` name is derived from its base trace when no file of its own exists."""
+    if is_pollux(trace):
+        path = POLLUX_TRACES / f"{trace}.csv"
+        if not path.exists():
+            raise SystemExit(f"trace {trace!r}: no {path}")
+        return load_trace(path, "muri", trace_setup(trace, runtime_model)[1])
+    base = trace.removesuffix(ALL_AT_START_SUFFIX)
+    if base != trace and not any(
+        (d / "muri" / f"{trace}.csv").exists() for d in (traces_dir, BUNDLED_TRACES)
+    ):
+        return all_submitted_at_start(load_trace(trace_path(traces_dir, base), "muri", runtime_model))
+    return load_trace(trace_path(traces_dir, trace), "muri", runtime_model)
+
+
+def trace_path(traces_dir: Path, trace: str) -> Path:
+    """muri/TRACE.csv under --traces-dir if there, else under the bundled traces (benchmarks/traces)."""
+    for folder in (traces_dir, BUNDLED_TRACES):
+        path = folder / "muri" / f"{trace}.csv"
+        if path.exists():
+            return path
+    raise SystemExit(f"trace {trace!r}: no muri/{trace}.csv under {traces_dir} or {BUNDLED_TRACES}")
+
+
 def estimate_columns(summary: Summary) -> str:
     """Start estimates given at submission: median |estimate - start| / wait, and the share within 25 % of the wait
     (blank for policies that give none)."""
@@ -88,82 +172,117 @@ def run_traces(
     modes: list[str],
     policies: list[str],
     seed: int,
+    loads: list[float],
 ) -> None:
-    reference = published(traces_dir)
-    for trace in traces:
-        truth = load_trace(traces_dir / "muri" / f"{trace}.csv", "muri", runtime_model)
-        once: dict[str, tuple[Summary, float]] = {}
-        for mode in modes:
-            jobs = with_declarations(truth, mode, seed)
-            print(f"\n## {trace} ({len(jobs)} jobs, 8x8 GPUs, runtime model {runtime_model}, declarations {mode})")
+    published_figures = published(traces_dir)
+    for trace in expand_traces(traces):
+        truth = load_named_trace(traces_dir, trace, runtime_model)
+        cluster, model = trace_setup(trace, runtime_model)
+        for load in loads:
+            reference = published_figures if load == 1 else {}
+            run_trace(
+                trace,
+                with_load(truth, load),
+                load,
+                reference,
+                model,
+                preempt_cost_s,
+                modes,
+                policies,
+                seed,
+                cluster,
+            )
+    packing = PackingConfig()
+    print(
+        f"  console-share: packing of jobs of equal GPU count, groups of up to {packing.limit} interleaved on one "
+        f"GPU set, each member's predicted slowdown <= {packing.max_slowdown:g}x and the group's throughput "
+        f"gain > {packing.min_gain:g}; the simulator charges the joint-round interference model "
+        "(apps/scheduling/interference.py) with no switch overhead"
+    )
+
+
+def run_trace(
+    trace: str,
+    truth: list[TraceJob],
+    load: float,
+    reference: dict[tuple[str, str, str], float],
+    runtime_model: str,
+    preempt_cost_s: float,
+    modes: list[str],
+    policies: list[str],
+    seed: int,
+    cluster: str = MURI_CLUSTER,
+) -> None:
+    """Every policy on one trace at one load, a table per declaration mode."""
+    once: dict[str, tuple[Summary, float]] = {}
+    d = 2 if is_pollux(trace) else 1  # decimals of the hour figures: Pollux's jobs last minutes to hours
+    for mode in modes:
+        jobs = with_declarations(truth, mode, seed)
+        print(
+            f"\n## {trace} ({len(jobs)} jobs, {cluster} GPUs, load x{load:g}, runtime model {runtime_model}, "
+            f"declarations {mode})"
+        )
+        print(
+            f"{'policy':<16}{'avg JCT h':>10}{'(publ.)':>9}{'p99 h':>9}{'(publ.)':>9}{'makespan h':>11}"
+            f"{'(publ.)':>9}{'p50 h':>8}{'queue h':>9}{'util':>6}{'preempt':>8}{'sim s':>7}"
+            f"{'est err/wait':>13}{'est +-25%':>10}",
+            flush=True,
+        )
+        results: dict[str, Summary] = {}
+        for name in policies:
+            if name in UNDECLARED_POLICIES and name in once:
+                summary, elapsed = once[name]
+            else:
+                started = time.perf_counter()
+                summary = simulate(jobs, cluster, name)
+                elapsed = time.perf_counter() - started
+                if name in UNDECLARED_POLICIES:
+                    once[name] = (summary, elapsed)
+            results[name] = summary
+            raw = next((k for k, v in RAW_SCHEDULERS.items() if v == name), None)
+
+            def ref(attribute: str, raw: str | None = raw, trace: str = trace) -> str:
+                value = reference.get((raw, attribute, trace)) if raw else None
+                return f"{value:>9.1f}" if value is not None else f"{'':>9}"
+
             print(
-                f"{'policy':<16}{'avg JCT h':>10}{'(publ.)':>9}{'p99 h':>9}{'(publ.)':>9}{'makespan h':>11}"
-                f"{'(publ.)':>9}{'p50 h':>8}{'queue h':>9}{'util':>6}{'preempt':>8}{'sim s':>7}"
-                f"{'est err/wait':>13}{'est +-25%':>10}",
+                f"{name:<16}{summary.avg_jct_h:>10.{d}f}{ref('avg_jct_h')}{summary.p99_jct_h:>9.{d}f}"
+                f"{ref('p99_jct_h')}{summary.makespan_h:>11.{d}f}{ref('makespan_h')}{summary.p50_jct_h:>8.{d}f}"
+                f"{summary.mean_queueing_delay_h:>9.{d}f}{summary.gpu_utilization:>6.2f}{summary.preemptions:>8}"
+                f"{elapsed:>7.1f}{estimate_columns(summary)}",
                 flush=True,
             )
-            results: dict[str, Summary] = {}
-            for name in policies:
-                if name in UNDECLARED_POLICIES and name in once:
-                    summary, elapsed = once[name]
-                else:
-                    started = time.perf_counter()
-                    summary = simulate(jobs, "8x8", name)
-                    elapsed = time.perf_counter() - started
-                    if name in UNDECLARED_POLICIES:
-                        once[name] = (summary, elapsed)
-                results[name] = summary
-                raw = next((k for k, v in RAW_SCHEDULERS.items() if v == name), None)
-
-                def ref(attribute: str, raw: str | None = raw, trace: str = trace) -> str:
-                    value = reference.get((raw, attribute, trace)) if raw else None
-                    return f"{value:>9.1f}" if value is not None else f"{'':>9}"
-
+        for raw, ours in RAW_SCHEDULERS.items():
+            if ours is None and (raw, "avg_jct_h", trace) in reference:
                 print(
-                    f"{name:<16}{summary.avg_jct_h:>10.1f}{ref('avg_jct_h')}{summary.p99_jct_h:>9.1f}"
-                    f"{ref('p99_jct_h')}{summary.makespan_h:>11.1f}{ref('makespan_h')}{summary.p50_jct_h:>8.1f}"
-                    f"{summary.mean_queueing_delay_h:>9.1f}{summary.gpu_utilization:>6.2f}{summary.preemptions:>8}"
-                    f"{elapsed:>7.1f}{estimate_columns(summary)}",
-                    flush=True,
+                    f"{raw + ' (publ.)':<16}{'':>10}{reference[(raw, 'avg_jct_h', trace)]:>9.1f}{'':>9}"
+                    f"{reference[(raw, 'p99_jct_h', trace)]:>9.1f}{'':>11}"
+                    f"{reference[(raw, 'makespan_h', trace)]:>9.1f}"
                 )
-            for raw, ours in RAW_SCHEDULERS.items():
-                if ours is None and (raw, "avg_jct_h", trace) in reference:
-                    print(
-                        f"{raw + ' (publ.)':<16}{'':>10}{reference[(raw, 'avg_jct_h', trace)]:>9.1f}{'':>9}"
-                        f"{reference[(raw, 'p99_jct_h', trace)]:>9.1f}{'':>11}"
-                        f"{reference[(raw, 'makespan_h', trace)]:>9.1f}"
-                    )
-            for costly_name in ("console", "console-share"):
-                if preempt_cost_s <= 0 or costly_name not in policies:
-                    continue
-                costly = simulate(jobs, "8x8", costly_name, preempt_cost_s)
-                label = f"{costly_name} @{preempt_cost_s:g}s"
-                width = 10 - max(0, len(label) - 15)  # keep the columns aligned under a long label
+        for costly_name in ("console", "console-share"):
+            if preempt_cost_s <= 0 or costly_name not in policies:
+                continue
+            costly = simulate(jobs, cluster, costly_name, preempt_cost_s)
+            label = f"{costly_name} @{preempt_cost_s:g}s"
+            width = 10 - max(0, len(label) - 15)  # keep the columns aligned under a long label
+            print(
+                f"{label:<16}{costly.avg_jct_h:>{width}.{d}f}{'':>9}"
+                f"{costly.p99_jct_h:>9.{d}f}{'':>9}{costly.makespan_h:>11.{d}f}{'':>9}{costly.p50_jct_h:>8.{d}f}"
+                f"{costly.mean_queueing_delay_h:>9.{d}f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
+            )
+        for name in ("srtf-oracle", "srsf-oracle", "tiresias-2dlas"):
+            raw = next(k for k, v in RAW_SCHEDULERS.items() if v == name)
+            value = reference.get((raw, "avg_jct_h", trace))
+            if value and name in results:
+                print(f"  {name}: avg JCT {100 * (results[name].avg_jct_h / value - 1):+.1f}% vs published")
+        for ours in ("console", "console-share"):
+            if ours in results and "srsf-oracle" in results and "tiresias-2dlas" in results:
+                mine, srsf, las = results[ours], results["srsf-oracle"], results["tiresias-2dlas"]
                 print(
-                    f"{label:<16}{costly.avg_jct_h:>{width}.1f}{'':>9}"
-                    f"{costly.p99_jct_h:>9.1f}{'':>9}{costly.makespan_h:>11.1f}{'':>9}{costly.p50_jct_h:>8.1f}"
-                    f"{costly.mean_queueing_delay_h:>9.1f}{costly.gpu_utilization:>6.2f}{costly.preemptions:>8}"
+                    f"  {ours}: avg JCT {mine.avg_jct_h / srsf.avg_jct_h:.2f}x SRSF oracle, "
+                    f"{mine.avg_jct_h / las.avg_jct_h:.2f}x Tiresias; p99 {mine.p99_jct_h / las.p99_jct_h:.2f}x "
+                    "Tiresias'"
                 )
-            for name in ("srtf-oracle", "srsf-oracle", "tiresias-2dlas"):
-                raw = next(k for k, v in RAW_SCHEDULERS.items() if v == name)
-                value = reference.get((raw, "avg_jct_h", trace))
-                if value and name in results:
-                    print(f"  {name}: avg JCT {100 * (results[name].avg_jct_h / value - 1):+.1f}% vs published")
-            for ours in ("console", "console-share"):
-                if ours in results and "srsf-oracle" in results and "tiresias-2dlas" in results:
-                    mine, srsf, las = results[ours], results["srsf-oracle"], results["tiresias-2dlas"]
-                    print(
-                        f"  {ours}: avg JCT {mine.avg_jct_h / srsf.avg_jct_h:.2f}x SRSF oracle, "
-                        f"{mine.avg_jct_h / las.avg_jct_h:.2f}x Tiresias; p99 {mine.p99_jct_h / las.p99_jct_h:.2f}x "
-                        "Tiresias'"
-                    )
-        packing = PackingConfig()
-        print(
-            f"  console-share: packing of jobs of equal GPU count, groups of up to {packing.limit} interleaved on one "
-            f"GPU set, each member's predicted slowdown <= {packing.max_slowdown:g}x and the group's throughput "
-            f"gain > {packing.min_gain:g}; the simulator charges the joint-round interference model "
-            "(apps/scheduling/interference.py) with no switch overhead"
-        )
 
 
 def time_pass(passes: int) -> None:
@@ -199,11 +318,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--declarations", default="exact,noisy,partial,none", help="comma list of modes")
     parser.add_argument("--policies", default="all", help="all, or a comma list")
     parser.add_argument("--seed", type=int, default=0, help="seed of the noisy and partial declarations")
+    parser.add_argument(
+        "--load", default="1", help="comma list of load factors (submission gaps divided by each)"
+    )
     args = parser.parse_args(argv)
+    try:
+        loads = [float(f) for f in args.load.split(",") if f]
+    except ValueError:
+        parser.error(f"--load: expected a comma list of numbers, not {args.load!r}")
+    if not loads or any(f <= 0 for f in loads):
+        parser.error("--load: every factor must be positive")
     modes = [m for m in args.declarations.split(",") if m]
     unknown = [m for m in modes if m not in DECLARATION_MODES]
     if unknown:
-        parser.error(f"unknown declaration mode {', '.join(unknown)}; expected {', '.join(DECLARATION_MODES)}")
+        parser.error(
+            f"unknown declaration mode {', '.join(unknown)}; expected {', '.join(DECLARATION_MODES)}"
+        )
     policies = list(POLICY_NAMES) if args.policies == "all" else [p for p in args.policies.split(",") if p]
     if any(p not in POLICY_NAMES for p in policies):
         parser.error(f"--policies: expected all or names among {', '.join(POLICY_NAMES)}")
@@ -216,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             modes,
             policies,
             args.seed,
+            loads,
         )
     time_pass(args.passes)
     return 0

@@ -33,3 +33,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if not REDIS_URL:  # noqa: F405 - one test process: an in-memory cache, never the dev server's files
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
+# Every django.test.Client builds the middleware anew, and WhiteNoise's scan of the static files (finders, without
+# autorefresh) took 0.2 s of CPU each time: half the fast tests' CPU. With autorefresh it finds a file when asked.
+WHITENOISE_AUTOREFRESH = True

@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Role, Team
 from apps.cluster.models import GPU
-from tests import fault_table, module_seconds
+from tests import fault_table, hang_watch, module_cpu, module_seconds
 from tests.factories import HostFactory, MembershipFactory, TeamFactory, UserFactory, add_gpus
 
 
@@ -119,7 +119,8 @@ def fake_s3(monkeypatch):
         yield boto3.client("s3")
 
 
-def pytest_sessionfinish(session) -> None:
+def pytest_sessionfinish(session, exitstatus) -> None:
+    hang_watch.session_over(session, exitstatus)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # a pytest-xdist worker: its fault rows go to the controller
         workeroutput["fault_rows"] = list(fault_table.ROWS)
@@ -132,6 +133,15 @@ def pytest_testnodedown(node, error) -> None:
 
 def pytest_terminal_summary(terminalreporter) -> None:
     fault_table.print_table(terminalreporter)
+
+
+def pytest_configure(config) -> None:
+    module_cpu.register(config)
+    hang_watch.register(config)
+
+
+def pytest_unconfigure(config) -> None:
+    hang_watch.arm_exit_watch(config)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

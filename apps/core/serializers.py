@@ -5,6 +5,10 @@ from rest_framework import serializers
 
 from apps.core.models import AuditEvent
 
+# The largest row id a database stores (a signed 64-bit integer): a larger one is no row, and SQLite refuses to
+# even compare with it (OverflowError, a 500), so id fields in request bodies stop there.
+MAX_ROW_ID = 2**63 - 1
+
 
 class RejectUnknownFieldsMixin:
     """A body naming a field the serializer does not have is a 400 naming it (`{"gpuz": ["Unknown field."]}`).

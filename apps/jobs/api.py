@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from apps.accounts import access
 from apps.core.schema import ErrorSerializer
-from apps.core.serializers import RejectUnknownFieldsMixin
+from apps.core.serializers import MAX_ROW_ID, RejectUnknownFieldsMixin
 from apps.jobs import bulk, selectors, services, table
 from apps.jobs.metrics import job_metrics, job_progress
 from apps.jobs.models import Job, JobAllocation
@@ -126,7 +126,7 @@ class JobFilter(django_filters.FilterSet):
 
 
 class BulkCancelSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1), min_length=1,
+    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=MAX_ROW_ID), min_length=1,
                                 max_length=bulk.MAX_BULK_CANCEL, help_text="the jobs to cancel")
     reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 

@@ -15,8 +15,8 @@ on (many submissions seconds apart) to go on as long again; each joins the repla
 Each estimate carries a confidence in [0, 1]: the lowest confidence of the predictions whose ends let the job
 start at that moment (a replayed job's end is as sure as its start and its own run-time prediction together).
 
-Waiting jobs are kept in buckets of equal demand (type, GPUs, team, user, whether bound by quota), each a heap
-in queue order; only a bucket's first job can be the next to start. Buckets are offered by the type and GPUs their
+Waiting jobs are kept in buckets of equal demand (type, GPUs, team, user, whether bound by quota), each a list
+in reverse queue order (its first job last, taken by pop(): no heap to sift, ten thousand starts a pass); only a bucket's first job can be the next to start. Buckets are offered by the type and GPUs their
 first job needs, and parked while their team's quota or user's cap holds it back (estimate_starts), so a start
 costs O(log + GPU counts asked for) rather than O(buckets); the replay stops once every queued job has started.
 """
@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 
 # The pass's sort key: (-priority, score, submitted at, job id).
 Order = tuple[int, float, float, int]
 
 
-# Waiting and Estimate are made by the ten thousand in a pass: plain (not frozen) dataclasses, five times cheaper
-# to make on CPython 3.11; nothing changes them once made (dataclasses.replace makes changed copies).
+# Waiting is made by the ten thousand in a pass: a plain (not frozen) dataclass, five times cheaper to make on
+# CPython 3.11; nothing changes one once made (dataclasses.replace makes changed copies). (The pass takes its
+# estimates as start_times' tuples, not Estimates.)
 @dataclass(slots=True)
 class Waiting:
     job_id: int
@@ -76,9 +79,9 @@ class Estimate:
     confidence: float
 
 
-# A release in the replay: (at, sequence, gpu type (untyped: the default one), GPUs, team, user, units,
-# confidence, requeue); the sequence keeps releases at one moment in order and is never equal.
-_Freed = tuple[float, int, str | None, int, str, str, int, float, Waiting | None]
+# A release in the replay: (gpu type (untyped: the default one), GPUs, team, user, units, confidence, requeue).
+# They are kept by moment, each moment's in the order they came (estimate_starts).
+_Freed = tuple[str | None, int, str, str, int, float, Waiting | None]
 # (at, sequence, a reserved job's start, an expected submission joining the queue): one of the last two
 _Event = tuple[float, int, Waiting | None, Waiting | None]
 # (gpu type, GPUs, team, user, whether bound by quota): jobs of one demand (see estimate_starts)
@@ -87,6 +90,9 @@ _BucketKey = tuple[str, int, str, str, bool]
 _Parked = tuple[int, int, int]
 # (the bucket's first job's rank (its order's place among all orders), token, bucket number)
 _Offer = tuple[int, int, int]
+INFINITY = float("inf")
+_NO_OFFER: tuple[float, list[_Offer] | None] = (INFINITY, None)
+_rank_of = itemgetter(0)
 
 
 def estimate_starts(
@@ -100,9 +106,26 @@ def estimate_starts(
     arrivals: Sequence[tuple[float, Waiting]] = (),
 ) -> dict[int, Estimate | None]:
     """job id -> its estimated start (None: it never starts on the predicted future, e.g. a job wider than its
-    team's quota). `team_room`: quota units each team has left now (may be negative); `user_room`: the same for
-    users with a cap (others have none). `arrivals`: (when, job) expected to be submitted (expected_arrivals),
-    each joining the queue then with the order it carries.
+    team's quota): start_times' figures as Estimates."""
+    starts = start_times(now, free_by_type, capacity_by_type, team_room, user_room, releases, queue, arrivals)
+    return {job_id: None if start is None else Estimate(*start) for job_id, start in starts.items()}
+
+
+def start_times(
+    now: float,
+    free_by_type: dict[str, int],
+    capacity_by_type: dict[str, int],
+    team_room: dict[str, int],
+    user_room: dict[tuple[str, str], int],
+    releases: list[Release],
+    queue: list[Waiting],
+    arrivals: Sequence[tuple[float, Waiting]] = (),
+) -> dict[int, tuple[float, float] | None]:
+    """job id -> (its estimated start, the confidence in it) (None: it never starts on the predicted future, e.g. a
+    job wider than its team's quota); plain tuples, cheaper to make than ten thousand Estimates. `team_room`: quota
+    units each team has left now (may be negative); `user_room`: the same for users with a cap (others have none).
+    `arrivals`: (when, job) expected to be submitted (expected_arrivals), each joining the queue then with the
+    order it carries.
 
     At each moment the job to start is the first in queue order, among the buckets' first jobs, that fits. The
     buckets are offered by the type and number of GPUs their first job needs, each kind a heap by that job's
@@ -119,23 +142,36 @@ def estimate_starts(
     default_type = max(capacity_by_type, key=lambda t: (capacity_by_type[t], t), default=None)
     seq = itertools.count()
     heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
-    freed: list[_Freed] = [
-        (r.at, next(seq), r.gpu_type or default_type, r.gpus, r.team, r.user, r.units, r.confidence, r.requeue)
-        for r in releases
-    ]
+    # The releases to come: a heap of their moments (plain floats: ten thousand starts a pass, each pushing one and
+    # popping one, compare far cheaper than tuples), and each moment's releases in the order they came.
+    freed_by: dict[float, list[_Freed]] = {}
+    for r in releases:
+        freed_by.setdefault(r.at, []).append(
+            (r.gpu_type or default_type, r.gpus, r.team, r.user, r.units, r.confidence, r.requeue)
+        )
+    freed = list(freed_by)
     heapq.heapify(freed)
+
+    def release_at(at: float, release: _Freed) -> None:
+        moment = freed_by.get(at)
+        if moment is None:
+            freed_by[at] = [release]
+            heappush(freed, at)
+        else:
+            moment.append(release)
     events: list[_Event] = [(max(now, at), next(seq), None, replace(job, expected=True)) for at, job in arrivals]
     heapq.heapify(events)
-    estimates: dict[int, Estimate | None] = {}
+    estimates: dict[int, tuple[float, float] | None] = {}
     # Every order that can join the queue is known now (queued jobs, expected submissions, stopped jobs queued
     # again): the heaps hold each one's rank among them, and compare ints rather than tuples of tuples (equal
-    # orders, equal ranks: the same comparisons' outcomes).
-    orders = [job.order for job in queue]
-    orders += [job.order for _, job in arrivals]
-    orders += [r.requeue.order for r in releases if r.requeue is not None]
-    rank = {order: i for i, order in enumerate(dict.fromkeys(sorted(orders)))}
+    # orders, equal ranks: the same comparisons' outcomes). Equal orders all get the last one's place: ranks may
+    # skip numbers, which no comparison sees.
+    others = [job.order for _, job in arrivals]
+    others += [r.requeue.order for r in releases if r.requeue is not None]
+    queue_ranks, rank = _ranks([job.order for job in queue], others)
     # Buckets by number: the jobs (in a heap by order), (gpu type, GPUs), current token.
     numbers: dict[_BucketKey, int] = {}
+    # (each bucket sorted by (-rank, -sequence): its first job last)
     buckets: list[list[tuple[int, int, Waiting]]] = []
     kinds: list[tuple[str, int]] = []
     token: list[int] = []
@@ -145,17 +181,13 @@ def estimate_starts(
     # in ascending GPUs
     offers: dict[str, dict[int, list[_Offer]]] = {t: {} for t in capacity_by_type}
     by_size: dict[str, list[tuple[int, list[_Offer]]]] = {t: [] for t in capacity_by_type}
-    # gpu type -> the offers whose first comes first among those its free GPUs fit, with that first's rank;
+    # gpu type -> the offers whose first comes first among those its free GPUs fit, and that first's rank;
     # `changed`: the types whose free GPUs or offers changed since
-    best_of: dict[str, tuple[int, list[_Offer]] | None] = {}
+    # ((inf, None) for a type that fits none)
+    best_of: dict[str, tuple[float, list[_Offer] | None]] = {}
     changed: set[str] = set(capacity_by_type)
     short_of_team: dict[str, list[_Parked]] = {}
     short_of_user: dict[tuple[str, str], list[_Parked]] = {}
-
-    def new_token(b: int) -> int:
-        t = token[b] = next(tokens)
-        changed.add(kinds[b][0])
-        return t
 
     def held_back(job: Waiting) -> bool:
         """By its team's quota or its user's cap."""
@@ -169,28 +201,41 @@ def estimate_starts(
     def review(b: int) -> None:
         """Park bucket `b` on the quota or cap that holds its first job back, or offer it by its GPUs."""
         bucket = buckets[b]
-        t = new_token(b)
+        t = token[b] = next(tokens)  # (a new token: the bucket's older offers and parkings no longer count)
+        changed.add(kinds[b][0])
         if not bucket:
             return
-        order, _, job = bucket[0]  # (the job's rank)
+        negative_rank, _, job = bucket[-1]
         if job.quota_bound and team_room.get(job.team, 0) < job.units:
-            heapq.heappush(short_of_team.setdefault(job.team, []), (job.units, t, b))
+            heappush(short_of_team.setdefault(job.team, []), (job.units, t, b))
         elif user_room and (room := user_room.get((job.team, job.user))) is not None and room < job.units:
-            heapq.heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, b))
+            heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, b))
         else:
             gpu_type, gpus = kinds[b]
             heap = offers[gpu_type].get(gpus)
             if heap is None:
                 heap = offers[gpu_type][gpus] = []
                 by_size[gpu_type] = sorted(offers[gpu_type].items(), key=lambda item: item[0])
-            heapq.heappush(heap, (order, t, b))
+            heappush(heap, (-negative_rank, t, b))
 
     def wake(parked: list[_Parked], room: int) -> None:
         """Review the buckets parked for at most `room` units."""
         while parked and parked[0][0] <= room:
-            _, t, b = heapq.heappop(parked)
+            _, t, b = heappop(parked)
             if token[b] == t:
                 review(b)
+
+    def withdraw_offer(b: int) -> None:
+        """Take bucket `b`'s offer (if it has one) out of its heap, so that the heaps hold only current offers and
+        the search for the first fitting offer need not check tokens (rare: only a submission or a stopped job
+        becoming a first job)."""
+        gpu_type, gpus = kinds[b]
+        heap = offers[gpu_type].get(gpus)
+        if heap:
+            kept = [offer for offer in heap if offer[2] != b]
+            if len(kept) < len(heap):
+                heap[:] = kept
+                heapq.heapify(heap)
 
     def bucket_of(job: Waiting) -> int | None:
         """The number of the job's bucket (made if new), or None for a job that no type here can ever fit."""
@@ -200,7 +245,7 @@ def estimate_starts(
                 estimates.setdefault(job.job_id, None)
                 unplaced.discard(job.job_id)
             return None
-        capped = (job.team, job.user) in user_room
+        capped = bool(user_room) and (job.team, job.user) in user_room  # (no key made when no user has a cap)
         key = (
             gpu_type,
             job.gpus,
@@ -222,39 +267,11 @@ def estimate_starts(
         if b is None:
             return
         bucket = buckets[b]
-        heapq.heappush(bucket, (rank[job.order], next(seq), job))
+        insort(bucket, (-rank[job.order], -next(seq), job))
         queued += 1
-        if bucket[0][2] is job:  # a new first job
+        if bucket[-1][2] is job:  # a new first job
+            withdraw_offer(b)
             review(b)
-
-    def first_fitting() -> list[_Offer] | None:
-        """The offers whose first comes first among those the free GPUs fit."""
-        for gpu_type in changed:
-            room = free[gpu_type]
-            best: list[_Offer] | None = None
-            best_rank = 0
-            for gpus, heap in by_size[gpu_type]:
-                if gpus > room:
-                    break
-                if not heap:
-                    continue
-                top = heap[0]
-                while token[top[2]] != top[1]:  # (an offer left behind by a newer one of its bucket)
-                    heappop(heap)
-                    if not heap:
-                        break
-                    top = heap[0]
-                else:  # (a current offer on top)
-                    if best is None or top[0] < best_rank:
-                        best, best_rank = heap, top[0]
-            best_of[gpu_type] = None if best is None else (best_rank, best)
-        changed.clear()
-        first: list[_Offer] | None = None
-        first_rank = 0
-        for candidate in best_of.values():
-            if candidate is not None and (first is None or candidate[0] < first_rank):
-                first_rank, first = candidate
-        return first
 
     def start(job: Waiting, at: float, confidence: float) -> None:
         gpu_type = job.gpu_type or default_type or ""
@@ -265,18 +282,25 @@ def estimate_starts(
             user_room[(job.team, job.user)] -= job.units
         # A job stopped and waiting again keeps the estimate of its first wait.
         if not job.expected and job.job_id not in estimates:
-            estimates[job.job_id] = Estimate(at, confidence)
+            estimates[job.job_id] = (at, confidence)
             unplaced.discard(job.job_id)
-        heapq.heappush(freed, (at + job.runtime_s, next(seq), gpu_type, job.gpus, job.team, job.user, job.units,
-                               min(confidence, job.confidence), None))
+        release_at(at + job.runtime_s, (gpu_type, job.gpus, job.team, job.user, job.units,
+                                        min(confidence, job.confidence), None))
 
     reserved = 0  # reserved starts still to come
     # queued jobs still without an estimate: the replay stops when none is left
     unplaced = {job.job_id for job in queue}
-    for job in queue:
+    # (gpu type, GPUs, team, user, whether bound by quota) as the job says them -> its bucket: bucket_of once per
+    # demand rather than per job
+    known: dict[tuple[str | None, int, str, str, bool], int] = {}
+    for job, queue_rank in zip(queue, queue_ranks, strict=True):
         if job.fixed_start is None:
-            if (b := bucket_of(job)) is not None:
-                buckets[b].append((rank[job.order], next(seq), job))
+            demand = (job.gpu_type, job.gpus, job.team, job.user, job.quota_bound)
+            b = known.get(demand)
+            if b is None and (b := bucket_of(job)) is not None:
+                known[demand] = b
+            if b is not None:
+                buckets[b].append((-queue_rank, -next(seq), job))
                 queued += 1
         elif (job.gpu_type or default_type) in free:
             heapq.heappush(events, (max(now, job.fixed_start), next(seq), job, None))
@@ -285,42 +309,65 @@ def estimate_starts(
             estimates[job.job_id] = None
             unplaced.discard(job.job_id)
     for b, bucket in enumerate(buckets):
-        heapq.heapify(bucket)
+        bucket.sort()  # (the queue comes in order: one reversal)
         review(b)
     clock = now
     while True:
         while events and events[0][0] <= clock:
-            _, _, reserved_start, arrival = heapq.heappop(events)
+            _, _, reserved_start, arrival = heappop(events)
             if arrival is not None:
                 enqueue(arrival)
             elif reserved_start is not None:
                 start(reserved_start, clock, reserved_start.fixed_confidence)
                 reserved -= 1
         moment_confidence = 1.0
-        while freed and freed[0][0] <= clock:
-            _, _, gpu_type, gpus, team, user, units, confidence, requeue = heapq.heappop(freed)
-            moment_confidence = min(moment_confidence, confidence)
-            if gpu_type in free:
-                free[gpu_type] += gpus
-                changed.add(gpu_type)
-            team_room[team] = room = team_room.get(team, 0) + units
-            if (parked := short_of_team.get(team)) and parked[0][0] <= room:
-                wake(parked, room)
-            if user_room and (team, user) in user_room:
-                user_room[(team, user)] = room = user_room[(team, user)] + units
-                if (parked := short_of_user.get((team, user))) and parked[0][0] <= room:
+        while freed and freed[0] <= clock:
+            for gpu_type, gpus, team, user, units, confidence, requeue in freed_by.pop(heappop(freed)):
+                if confidence < moment_confidence:  # (min(), written out: ten thousand releases)
+                    moment_confidence = confidence
+                if gpu_type in free:
+                    free[gpu_type] += gpus
+                    changed.add(gpu_type)
+                team_room[team] = room = team_room.get(team, 0) + units
+                if (parked := short_of_team.get(team)) and parked[0][0] <= room:
                     wake(parked, room)
-            if requeue is not None:
-                enqueue(requeue)
-        while (heap := first_fitting()) is not None:
+                if user_room and (team, user) in user_room:
+                    user_room[(team, user)] = room = user_room[(team, user)] + units
+                    if (parked := short_of_user.get((team, user))) and parked[0][0] <= room:
+                        wake(parked, room)
+                if requeue is not None:
+                    enqueue(requeue)
+        while True:
+            # The offers whose first comes first among those the free GPUs fit (every offer in a heap is current:
+            # enqueue withdraws the one it replaces). Looked for twice a moment or more, ten thousand moments a pass.
+            for gpu_type in changed:
+                room = free[gpu_type]
+                best: list[_Offer] | None = None
+                best_rank = INFINITY
+                for gpus, heap in by_size[gpu_type]:
+                    if gpus > room:
+                        break
+                    if heap and heap[0][0] < best_rank:
+                        best, best_rank = heap, heap[0][0]
+                best_of[gpu_type] = (best_rank, best)
+            changed.clear()
+            first: list[_Offer] | None = None
+            first_rank = INFINITY
+            for rank_, heap_ in best_of.values():
+                if rank_ < first_rank:
+                    first_rank, first = rank_, heap_
+            if first is None:
+                break
+            heap = first
             b = heap[0][2]
             bucket = buckets[b]
-            job = bucket[0][2]
-            if held_back(job):  # (starts since it was offered took the room)
+            job = bucket[-1][2]
+            # held_back(job), its quota test written out (the common case): starts since it was offered took the room
+            if job.quota_bound and team_room.get(job.team, 0) < job.units or user_room and held_back(job):
                 heappop(heap)
                 review(b)
                 continue
-            heappop(bucket)
+            bucket.pop()
             queued -= 1
             # start(job, clock, moment_confidence), written out: ten thousand starts a pass
             gpu_type, gpus = kinds[b]
@@ -332,26 +379,41 @@ def estimate_starts(
                 user_room[(team, job.user)] -= units
             job_id = job.job_id
             if not job.expected and job_id not in estimates:
-                estimates[job_id] = Estimate(clock, moment_confidence)
+                estimates[job_id] = (clock, moment_confidence)
                 unplaced.discard(job_id)
-            heappush(freed, (clock + job.runtime_s, next(seq), gpu_type, gpus, team, job.user, units,
-                             job.confidence if job.confidence < moment_confidence else moment_confidence, None))
+            # (release_at, written out)
+            release = (gpu_type, gpus, team, job.user, units,
+                       job.confidence if job.confidence < moment_confidence else moment_confidence, None)
+            if (moment := freed_by.get(at := clock + job.runtime_s)) is None:
+                freed_by[at] = [release]
+                heappush(freed, at)
+            else:
+                moment.append(release)
             # the bucket's next job, offered in its place unless held back
-            if bucket and not held_back(bucket[0][2]):
+            if bucket and not (
+                (nxt := bucket[-1][2]).quota_bound and team_room.get(nxt.team, 0) < nxt.units
+                or user_room and held_back(nxt)
+            ):
                 t = token[b] = next(tokens)
-                heapreplace(heap, (bucket[0][0], t, b))
+                heapreplace(heap, (-bucket[-1][0], t, b))
             else:
                 heappop(heap)
                 review(b)
         if not unplaced or not (reserved or queued) or not (events or freed):
             break
-        if freed and (not events or freed[0][0] < events[0][0]):
-            clock = max(clock, freed[0][0])
-        else:
-            clock = max(clock, events[0][0])
+        next_at = freed[0] if freed and (not events or freed[0] < events[0][0]) else events[0][0]
+        if next_at > clock:
+            clock = next_at
     for job_id in unplaced:
         estimates.setdefault(job_id, None)
     return estimates
+
+
+def _ranks(orders: list[Order], others: list[Order]) -> tuple[list[int], dict[Order, int]]:
+    """Each order's place among `orders` and `others` together, equal orders all at the last one's place: those of
+    `orders` as a list beside them, and every order's by order."""
+    rank = {order: i for i, order in enumerate(sorted(orders + others))}
+    return [rank[order] for order in orders], rank
 
 
 # Submissions closer than this to each other (and the last one this close to now) make one burst, and a burst of

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from apps.scheduling.prediction import (
+    MAX_SIMILAR_SIGMA,
     MIN_SIGMA,
     OVERRUN_FRACTION,
     RuntimeHistory,
@@ -109,8 +110,9 @@ def estimate_service(
       were right (RuntimeHistory.declaration_sigma); once the job has run past what it declared, a fraction of
       what it has run (prediction.py's overrun rule: trace3 noisy 61 h against 64 h with attained service alone);
     - for a job that declares nothing: similar finished runs (same user and program first) that outlasted the
-      job's run so far, as sure as they agree with each other (with a declaration they only hurt: trace3 noisy
-      65 h against 72 h).
+      job's run so far, as sure as they agree with each other and as they have foretold the program's finished
+      runs (RuntimeHistory.similar_sigma); not at all once they have been off by more than MAX_SIMILAR_SIGMA
+      (with a declaration they only hurt: trace3 noisy 65 h against 72 h).
 
     With exact declarations the declaration dominates (shortest remaining first); with none the order is 2D-LAS
     over queues learned from history; noisy or partial declarations weigh in as far as they have been right.
@@ -142,24 +144,64 @@ def service_estimate(
     step = job.observed_step_s
     if step is None and job.similarity_key is not None and declared is not None:
         step = history.step_s(job.user, job.similarity_key, job.gpus)
+    left_s = 0.0
     if declared is not None and step:
         left = declared - (steps_done(job, now, step) if running else float(job.steps_done))
         # past its declaration: it needs a fraction of what it has run more (prediction.py's rule)
         left_s = left * step if left > 0 else OVERRUN_FRACTION * elapsed
-        if left_s > 0:
-            w = 1.0 / history.declaration_sigma(job.user) ** 2
-            total += math.log(max(left_s * held, 1.0)) * w
-            weight += w
-    if job.similarity_key is not None and declared is None:
+    remaining = _blended(job, history, total, weight, held, elapsed, left_s)
+    return remaining, index, next_floor
+
+
+class NeverRun:
+    """service_estimate's remaining GPU-seconds for waiting jobs that never ran (no attained service: most of a
+    long queue), with what is the same for all of them worked out once per pass: their queue (the first) and its
+    weight. The same arithmetic in the same order: the same figures."""
+
+    __slots__ = ("history", "total", "weight")
+
+    def __init__(self, history: RuntimeHistory, quantiles: tuple[float, ...] = SERVICE_QUANTILES) -> None:
+        queue = history.service_queues(quantiles)[0]
+        self.history = history
+        self.weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
+        self.total = queue.log_remaining * self.weight
+
+    def remaining_gpu_s(self, job: PendingJob) -> float:
+        """service_estimate(job, ...)[0] for a waiting job whose attained_gpu_seconds is 0 (it has run 0 s)."""
+        history = self.history
+        declared = job.declared_steps
+        step = job.observed_step_s
+        if step is None and job.similarity_key is not None and declared is not None:
+            step = history.step_s(job.user, job.similarity_key, job.gpus)
+        # (past its declaration, a fraction of the 0 s it has run: nothing)
+        left_s = (declared - float(job.steps_done)) * step if declared is not None and step else 0.0
+        held = gpus_held(job.gpus, job_share_units(job)) if job.gpu_share < 1.0 else job.gpus
+        return _blended(job, history, self.total, self.weight, held, 0.0, left_s)
+
+
+def _blended(
+    job: PendingJob | RunningJob, history: RuntimeHistory, total: float, weight: float, held: float,
+    elapsed: float, left_s: float,
+) -> float:
+    """The remaining GPU-seconds that the job's queue (`total` / `weight`: its log, weighed) and, where there are,
+    its declared `left_s` seconds and similar runs say together, each weighed by its precision; no more than its
+    time limit leaves."""
+    if left_s > 0:
+        w = 1.0 / history.declaration_sigma(job.user) ** 2
+        total += math.log(max(left_s * held, 1.0)) * w
+        weight += w
+    if job.similarity_key is not None and job.declared_steps is None:
         similar = history.similar_remaining(job.user, job.similarity_key, job.gpus, elapsed)
-        if similar is not None:
-            w = 1.0 / max(similar[1], MIN_SIGMA) ** 2
+        # (as sure as they agree with each other, and no surer than they have foretold the program's runs)
+        trust = history.similar_sigma(job.similarity_key) if similar is not None else 0.0
+        if similar is not None and trust <= MAX_SIMILAR_SIGMA:
+            w = 1.0 / max(similar[1], trust, MIN_SIGMA) ** 2
             total += (similar[0] + math.log(held)) * w
             weight += w
     remaining = math.exp(total / weight)
     if job.time_limit_s is not None:
         remaining = min(remaining, max(1.0, (job.time_limit_s - elapsed) * held))
-    return remaining, index, next_floor
+    return remaining
 
 
 # (the history of a snapshot without one)

@@ -279,6 +279,12 @@ def _spare_replicas(states: list[RunState]) -> dict[str, int]:
     return {group: count - 1 for group, count in running.items()}
 
 
+def victim_candidates(states: list[RunState], team: str) -> list[RunState]:
+    """The states that victim_kind may accept for a job of `team` (its team's, and those borrowing: reclaimable),
+    in the order of `states`."""
+    return [state for state in states if state.job.team == team or state.job.borrowing]
+
+
 def plan_preemption(
     job: PendingJob,
     job_score: float,
@@ -288,15 +294,20 @@ def plan_preemption(
     free: FreeGpus,
     config: PolicyConfig,
     sharers: dict[int, list[RunState]] | None = None,
+    candidates: list[RunState] | None = None,
 ) -> VictimPlan | None:
     """The cheapest set of victims after which `job` fits, or None. `states` must be in victim order;
-    `sharers`: gpu id -> the running fractions on it. `quota_room_needed` is in units (sharing.FULL a GPU)."""
+    `sharers`: gpu id -> the running fractions on it. `quota_room_needed` is in units (sharing.FULL a GPU).
+    `candidates`: the states that victim_kind may accept for `job` (victim_candidates), to spare scanning the others;
+    None: all of `states`."""
     eligible: list[tuple[RunState, str]] = []
-    spare = _spare_replicas(states)
-    for state in states:
+    spare: dict[str, int] | None = None  # (made when a replica first needs it)
+    for state in states if candidates is None else candidates:
         kind = victim_kind(state, job, job_score, within_quota, config)
         group = state.job.service_group
         if kind == SHORTER and group is not None:
+            if spare is None:
+                spare = _spare_replicas(states)
             if spare.get(group, 0) <= 0 if state.job.started else group not in spare:
                 continue
             if state.job.started:

@@ -22,22 +22,25 @@ taken again by fractions ahead of it in the queue (no preemption).
 from __future__ import annotations
 
 import gc
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.estimate import Order, Waiting, estimate_starts, expected_arrivals
+from apps.scheduling.estimate import Order, Waiting, expected_arrivals, start_times
 from apps.scheduling.estimate import Release as EndsAt
 from apps.scheduling.ordering import (
     EMPTY_HISTORY,
     FairShare,
+    NeverRun,
     ServiceEstimate,
     aging_boost,
     estimate_service,
     service_estimate,
 )
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
-from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
+from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_never_run, predict_remaining
 from apps.scheduling.preemption import (
     PRIORITY,
     RECLAIM,
@@ -46,6 +49,7 @@ from apps.scheduling.preemption import (
     VictimIndex,
     plan_preemption,
     protected_run_s,
+    victim_candidates,
 )
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import (
@@ -79,10 +83,13 @@ FENCE_SCAN = 64
 Choice = tuple[tuple[int, ...], int]
 # (predicted end, gpu ids, team, units on each GPU, memory MB on each GPU)
 Release = tuple[float, tuple[int, ...], str, int, int]
-# a waiting job in pass order: (-priority, score, submitted at, job id, job, predicted remaining seconds)
-Ranked = tuple[int, float, float, int, PendingJob, float]
-# a job left waiting: (job, predicted remaining seconds, code, reason, its order in the pass)
-Explained = tuple[PendingJob, float, str, str, Order]
+# a waiting job in pass order: (-priority, score, submitted at, job id, job, predicted remaining seconds (at least
+# MIN_DECISION_REMAINING_S), the prediction as it is, its confidence)
+Ranked = tuple[int, float, float, int, PendingJob, float, float, float]
+_class_of, _score_of = itemgetter(0), itemgetter(1)
+# a job left waiting: (job, predicted remaining seconds, code, reason, its order in the pass, the prediction as it
+# is, its confidence)
+Explained = tuple[PendingJob, float, str, str, Order, float, float]
 
 
 @dataclass(slots=True)
@@ -109,6 +116,25 @@ def _asked(job: PendingJob) -> str:
     if job.gpu_memory_mb is not None:
         parts.append(f"{job.gpu_memory_mb} MB of GPU memory")
     return " and ".join(parts)
+
+
+def _any_fraction(jobs: tuple[PendingJob, ...]) -> bool:
+    # (sharing.is_fractional, written out in a loop: cheaper than any() over a generator for ten thousand jobs)
+    for job in jobs:  # noqa: SIM110
+        if job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None):
+            return True
+    return False
+
+
+def _sort_pass_order(ordered: list[Ranked]) -> None:
+    """ordered.sort(), the same order for less: when no two scores are equal (nearly always), the order is by class
+    then score, and two stable sorts on the plain floats and ints compare far cheaper than ten thousand tuples."""
+    scores = {entry[1] for entry in ordered}
+    if len(scores) < len(ordered) or any(map(math.isnan, scores)):  # ties, or NaN: tuples
+        ordered.sort()  # job ids are unique: the comparison never reaches the job itself
+        return
+    ordered.sort(key=_score_of)
+    ordered.sort(key=_class_of)
 
 
 @dataclass(slots=True)
@@ -165,6 +191,12 @@ class ConsolePass:
         self.scores: dict[int, float] = {}
         # team -> whether it may borrow beyond its quota at all (_waiting_entry)
         self.team_lends: dict[str, bool] = {}
+        # team -> the running jobs that its jobs may stop (preemption.victim_candidates), in victim order
+        self.candidates: dict[str, list[RunState]] = {}
+        # waiting jobs of higher classes -> the reason that says so (_behind)
+        self.behind_reasons: dict[int, str] = {}
+        # (team, units held, quota) -> the reason of a job waiting to borrow (_borrow_reason)
+        self.borrow_reasons: dict[tuple[str, int, int], str] = {}
 
     # -- scores -------------------------------------------------------------------------------------------
     def _remaining(self, job: PendingJob | RunningJob) -> float:
@@ -196,32 +228,38 @@ class ConsolePass:
 
     def _ranked(self) -> list[Ranked]:
         """The waiting jobs in pass order, each with its predicted remaining time (as _remaining) and its score
-        (as _score): the same figures, with what is the same for every job looked up once (ten thousand jobs)."""
+        (as _score): the same figures, with what is the same for every job looked up once (ten thousand jobs).
+        They are kept by job id (self.expected, confidence, scores) only for the jobs placed (run)."""
         now, history, default_s = self.now, self.snapshot.history, self.config.default_runtime_s
         ordering, aging_s = self.config.ordering, self.config.aging_s
         queues_of = history or EMPTY_HISTORY
-        confidence_of, expected, scores = self.confidence, self.expected, self.scores
         penalties: dict[tuple[str, str], float] = {}
+        never_run = NeverRun(queues_of)
         ordered: list[Ranked] = []
         for job in self.snapshot.pending:
             job_id = job.job_id
-            remaining, confidence_of[job_id] = predict_remaining(job, now, history, default_s)
-            expected[job_id] = remaining
-            remaining = max(remaining, MIN_DECISION_REMAINING_S)
+            if job.attained_gpu_seconds:
+                expected, confidence = predict_remaining(job, now, history, default_s)
+            else:
+                expected, confidence = predict_never_run(job, history, default_s)
+            # (max() and aging_boost written out: ten thousand jobs)
+            remaining = MIN_DECISION_REMAINING_S if expected < MIN_DECISION_REMAINING_S else expected
             if ordering == "fifo":
                 score = 0.0
             else:
-                boost = 1.0 + max(0.0, now - job.submitted_at) / aging_s if aging_s > 0 else 1.0
+                waited = now - job.submitted_at
+                boost = 1.0 + (waited if waited > 0.0 else 0.0) / aging_s if aging_s > 0 else 1.0
                 penalty = penalties.get((job.team, job.user))
                 if penalty is None:
                     penalty = penalties[(job.team, job.user)] = self.fair.penalty(job.team, job.user)
                 if ordering == "fair-share":
                     score = penalty / boost
-                else:
+                elif job.attained_gpu_seconds:
                     score = service_estimate(job, now, queues_of)[0] * penalty / boost
-            scores[job_id] = score
-            ordered.append((-job.priority, score, job.submitted_at, job_id, job, remaining))
-        ordered.sort()  # job ids are unique: the comparison never reaches the job itself
+                else:
+                    score = never_run.remaining_gpu_s(job) * penalty / boost
+            ordered.append((-job.priority, score, job.submitted_at, job_id, job, remaining, expected, confidence))
+        _sort_pass_order(ordered)
         return ordered
 
     def _running_states(self) -> None:
@@ -279,7 +317,8 @@ class ConsolePass:
             return False
         return not self.config.consolidate or job.gpus <= self.widest_host.get(job.gpu_type, 0)
 
-    def _choose_whole(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
+    def _choose_free(self, job: PendingJob) -> tuple[int, ...] | None:
+        """choose_gpus on the free GPUs for a whole-GPU job."""
         # Most jobs of a long queue do not fit: remember the smallest gang that failed since GPUs last came back.
         # (Only for single-host gangs when consolidating: a wider gang may fit across hosts where a narrower
         # one found no host.)
@@ -287,16 +326,20 @@ class ConsolePass:
         monotone = hosts is None and (not self.config.consolidate or job.gpus <= self.widest_host.get(job.gpu_type, 0))
         failed = self.no_fit.get(job.gpu_type)
         if monotone and failed is not None and failed[0] == self.free.version and job.gpus >= failed[1]:
-            chosen = None
-        else:
-            chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate, hosts)
-            if chosen is None and monotone:
-                self.no_fit[job.gpu_type] = (self.free.version, job.gpus)
+            return None
+        chosen = choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate, hosts)
+        if chosen is None and monotone:
+            self.no_fit[job.gpu_type] = (self.free.version, job.gpus)
+        return chosen
+
+    def _choose_whole(self, job: PendingJob, remaining_s: float) -> tuple[int, ...] | None:
+        chosen = self._choose_free(job)
         reservation = self.reservation
         if chosen is not None or reservation is None or not reservation.held:
             return chosen
         if self.now + remaining_s > reservation.start:
             return None
+        hosts = self.free.hosts_for(job)
         # Ends before the head's reserved start: it may use the reserved GPUs meanwhile.
         held = list(reservation.held)
         self.free.give(held)
@@ -359,8 +402,11 @@ class ConsolePass:
         if stoppable == 0 or stoppable + self.free.count(job.gpu_type) < job.gpus:
             return False
         self.searches += 1
+        candidates = self.candidates.get(job.team)
+        if candidates is None:
+            candidates = self.candidates[job.team] = victim_candidates(self.states, job.team)
         plan = plan_preemption(
-            job, score, within_quota, quota_room_needed, self.states, self.free, self.config, self.sharers
+            job, score, within_quota, quota_room_needed, self.states, self.free, self.config, self.sharers, candidates
         )
         if plan is None:
             return False
@@ -437,7 +483,7 @@ class ConsolePass:
             for gpu_id in list(scratch.used):
                 scratch.give_share(gpu_id, scratch.used[gpu_id], scratch.memory_used.get(gpu_id, 0))
         scanned = 0
-        for _, _, _, _, job, _ in ordered:
+        for _, _, _, _, job, _, _, _ in ordered:
             if is_fractional(job):
                 continue
             scanned += 1
@@ -501,21 +547,24 @@ class ConsolePass:
         self._running_states()
         self._stop_over_budget()
         ordered = self._ranked()
-        fractions = any(job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None)
-                        for job in self.snapshot.pending)
-        if fractions:
+        if _any_fraction(self.snapshot.pending):
             self.fence = self._fraction_fence(ordered)
 
         waiting: list[Explained] = []
         higher_class_waiting: dict[int, int] = defaultdict(int)
+        counted = 0  # (the sum of its values)
         place_or_explain = self._place_or_explain
-        for negative_priority, score, submitted_at, job_id, job, remaining in ordered:
-            code_reason = place_or_explain(job, score, remaining, higher_class_waiting)
-            if code_reason is not None:
+        for negative_priority, score, submitted_at, job_id, job, remaining, expected, confidence in ordered:
+            code_reason = place_or_explain(job, score, remaining, higher_class_waiting, counted)
+            if code_reason is None:  # (placed: its figures are looked up by job id from here on)
+                self.scores[job_id], self.expected[job_id], self.confidence[job_id] = score, expected, confidence
+            else:
                 code, reason = code_reason
-                waiting.append((job, remaining, code, reason, (negative_priority, score, submitted_at, job_id)))
+                order = (negative_priority, score, submitted_at, job_id)
+                waiting.append((job, remaining, code, reason, order, expected, confidence))
                 if code not in NO_ESTIMATE and code not in OWN_LIMIT:
                     higher_class_waiting[-negative_priority] += 1
+                    counted += 1
         self._explain(waiting)
         # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
         wake_at = self.now if self.preemptions and self.pending else self._wake_at()
@@ -527,8 +576,10 @@ class ConsolePass:
         )
 
     def _place_or_explain(
-        self, job: PendingJob, score: float, remaining: float, higher_class_waiting: dict[int, int]
+        self, job: PendingJob, score: float, remaining: float, higher_class_waiting: dict[int, int], counted: int
     ) -> tuple[str, str] | None:
+        """None when `job` is placed (or stops victims), else why it waits: (code, reason). `higher_class_waiting`:
+        class -> jobs of that class found waiting so far (`counted` in all)."""
         config = self.config
         quota = self.snapshot.quotas.get(job.team)
         if quota is None:
@@ -542,16 +593,18 @@ class ConsolePass:
             capacity = self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         if capacity is not None:
             return capacity
-        need = FULL * job.gpus if job.gpus != 1 or not is_fractional(job) else min_units(job)
+        fractional = is_fractional(job)
+        need = min_units(job) if fractional else FULL * job.gpus
         user_cap = quota.user_max_gpus.get(job.user)
-        user_held = self.user_held[(job.team, job.user)]
+        user_held = self.user_held[(job.team, job.user)] if user_cap is not None else 0  # (read only with a cap)
         if user_cap is not None and user_held + need > FULL * user_cap:
             return (
                 "user_cap",
                 f"user {job.user} uses {fmt_gpus(user_held)} of the {user_cap} GPUs allowed in team {job.team}",
             )
         held = self.team_held[job.team]
-        quota_room_needed = max(0, held + need - FULL * quota.max_gpus)
+        over_quota = held + need - FULL * quota.max_gpus
+        quota_room_needed = over_quota if over_quota > 0 else 0
         within_quota = quota_room_needed == 0
         may_borrow = (
             config.borrowing
@@ -574,10 +627,9 @@ class ConsolePass:
             return None
         if not within_quota:
             if may_borrow:
-                return "borrow", (
-                    f"team {job.team} uses {fmt_gpus(held)} of its {quota.max_gpus} GPUs; "
-                    f"waiting for idle GPUs to borrow"
-                )
+                # (the reason made once, looked up here first: thousands of jobs)
+                reason = self.borrow_reasons.get((job.team, held, quota.max_gpus))
+                return "borrow", reason or self._borrow_reason(job.team, held, quota.max_gpus)
             # The quota is what stops it only if the GPUs are there (a team alone on the cluster hits both).
             if self._fits_now(job):
                 return "quota", f"team {job.team} uses {fmt_gpus(held)} of its {quota.max_gpus} GPUs (quota)"
@@ -591,13 +643,11 @@ class ConsolePass:
                 return "reserved", (
                     f"next to start: {job.gpus} GPUs{_type_label(job.gpu_type)} reserved for it as running jobs end"
                 )
-        priority, ahead = int(job.priority), 0
-        for prio, n in higher_class_waiting.items():  # (a loop: a generator costs more, for a few classes)
-            if prio > priority:
-                ahead += n
+        # Jobs come highest class first: those counted so far are of its class or higher.
+        ahead = counted - higher_class_waiting.get(job.priority, 0)  # (an IntEnum: the int's key)
         if ahead:
-            return "priority", f"behind {ahead} higher-priority jobs waiting for GPUs"
-        if is_fractional(job):
+            return "priority", self.behind_reasons.get(ahead) or self._behind(ahead)
+        if fractional:
             return self._explain_fraction(job)
         free_now = self.free.count(job.gpu_type)
         head = self.reservation
@@ -621,11 +671,27 @@ class ConsolePass:
             f"jobs ahead are predicted to finish sooner or have higher priority"
         )
 
+    def _borrow_reason(self, team: str, held: int, max_gpus: int) -> str:
+        """The reason of a job waiting to borrow (the same for a team's jobs until it holds more: made once)."""
+        key = (team, held, max_gpus)
+        reason = self.borrow_reasons.get(key)
+        if reason is None:
+            reason = self.borrow_reasons[key] = (
+                f"team {team} uses {fmt_gpus(held)} of its {max_gpus} GPUs; waiting for idle GPUs to borrow"
+            )
+        return reason
+
+    def _behind(self, ahead: int) -> str:
+        """The reason of a job behind `ahead` waiting jobs of higher classes (the same for a whole class: made once)."""
+        reason = self.behind_reasons.get(ahead)
+        if reason is None:
+            reason = self.behind_reasons[ahead] = f"behind {ahead} higher-priority jobs waiting for GPUs"
+        return reason
+
     def _fits_now(self, job: PendingJob) -> bool:
         if is_fractional(job):
             return self.free.choose_share(job, min_units(job)) is not None
-        return choose_gpus(self.free, job.gpus, job.gpu_type, self.config.consolidate,
-                           self.free.hosts_for(job)) is not None
+        return self._choose_free(job) is not None
 
     def _explain_fraction(self, job: PendingJob) -> tuple[str, str]:
         keeper = self.fence or self.reservation
@@ -661,23 +727,27 @@ class ConsolePass:
             for team, q in quotas.items()
             for user, cap in q.user_max_gpus.items()
         }
-        ranked = [(job, remaining, order) for job, remaining, code, _, order in waiting if code not in NO_ESTIMATE]
-        queue = self._queue(ranked)
-        starts = estimate_starts(
-            self.now, free_by_type, capacity, team_room, user_room, self._ends(ranked), queue,
+        queue = self._queue(waiting)
+        starts = start_times(
+            self.now, free_by_type, capacity, team_room, user_room, self._ends(queue), queue,
             expected_arrivals(self.now, self._recent(queue)),
         )
         pending = self.pending
-        for position, (job, remaining, code, reason, _) in enumerate(waiting, start=1):
+        # confidence -> rounded to 2 places: round() goes through a decimal string, and a pass has few confidences
+        rounded: dict[float, float] = {}
+        for position, (job, remaining, code, reason, _, _, _) in enumerate(waiting, start=1):
             estimate = starts.get(job.job_id)
             if code == "waiting" and position == 1:
                 reason = self._agreeing_reason(code, reason, position)
             if estimate is None:
                 pending[job.job_id] = PendingInfo(reason, position, None, code, remaining, None)
             else:
-                pending[job.job_id] = PendingInfo(
-                    reason, position, estimate.start, code, remaining, round(estimate.confidence, 2)
-                )
+                start, sure = estimate
+                # (0.0 and -0.0, one key for a dict, round to themselves)
+                confidence = rounded.get(sure) if sure else sure
+                if confidence is None:
+                    confidence = rounded[sure] = round(sure, 2)
+                pending[job.job_id] = PendingInfo(reason, position, start, code, remaining, confidence)
 
     def _recent(self, queue: list[Waiting]) -> list[Waiting]:
         """The jobs submitted in the last day (waiting, placed in this pass, or running), as the replay's entries:
@@ -715,24 +785,22 @@ class ConsolePass:
             not may_borrow,
         )
 
-    def _queue(self, ranked: list[tuple[PendingJob, float, Order]]) -> list[Waiting]:
+    def _queue(self, waiting: list[Explained]) -> list[Waiting]:
+        """The replay's queue: the waiting jobs that may get an estimate, in pass order."""
         # (_waiting_entry for each job, with what it looks up once per job looked up once per team: ten thousand
-        # jobs)
-        lends: dict[str, bool] = {}
-        for job, _, _ in ranked:
-            if job.team not in lends:
-                quota = self.snapshot.quotas.get(job.team)
-                lends[job.team] = quota is not None and self.config.borrowing and quota.may_borrow
+        # jobs; a waiting job's prediction as it is is never above its remaining time, min() there)
+        borrowing = self.config.borrowing
+        lends = {team: borrowing and quota.may_borrow for team, quota in self.snapshot.quotas.items()}
         max_preemptions = self.config.max_preemptions_per_job
-        expected, confidence = self.expected, self.confidence
         queue = [
             Waiting(
                 job.job_id, order, job.team, job.user, job.gpus, job.gpu_type,
                 FULL * job.gpus if job.gpus != 1 or not is_fractional(job) else min_units(job),
-                min(remaining, expected.get(job.job_id, remaining)), confidence.get(job.job_id, 0.0),
-                not (lends[job.team] and job.preemptible and job.preemption_count < max_preemptions),
+                expected, confidence,
+                not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
             )
-            for job, remaining, order in ranked
+            for job, _, code, _, order, expected, confidence in waiting
+            if code not in NO_ESTIMATE
         ]
         head = self.reservation
         if head is None:
@@ -743,20 +811,14 @@ class ConsolePass:
             replace(w, fixed_start=head.start, fixed_confidence=sure) if w.job_id == head.job_id else w for w in queue
         ]
 
-    def _stoppable_at(self, ranked: list[tuple[PendingJob, float, Order]]) -> dict[int, float]:
+    def _stoppable_at(self, queue: list[Waiting]) -> dict[int, float]:
         """Running job id -> when a waiting job may stop it (preemption.py's rules for its own team: a higher
         class, or a much shorter job of its class), no earlier than its minimum run time allows."""
         config = self.config
-        top_class: dict[str, int] = {}
-        best_score: dict[tuple[str, int], float] = {}
-        inf = float("inf")
-        for job, _, (negative_priority, score, _, _) in ranked:
-            team, priority = job.team, -negative_priority
-            if top_class.get(team, -1) < priority:
-                top_class[team] = priority
-            key = (team, priority)
-            if score < best_score.get(key, inf):
-                best_score[key] = score
+        # `queue` is in pass order (class down, then score up): a team's first job is in its top class, and the
+        # first of each class has its best score. (Walked backwards: the last assignment wins.)
+        top_class = {w.team: -w.order[0] for w in reversed(queue)}
+        best_score = {(w.team, -w.order[0]): w.order[1] for w in reversed(queue)}
         stoppable: dict[int, float] = {}
         for state in self.states:
             running = state.job
@@ -771,11 +833,11 @@ class ConsolePass:
                 stoppable[running.job_id] = max(self.now, running.started_at + protection)
         return stoppable
 
-    def _ends(self, ranked: list[tuple[PendingJob, float, Order]]) -> list[EndsAt]:
+    def _ends(self, queue: list[Waiting]) -> list[EndsAt]:
         """When running jobs (and those placed in this pass) give their GPUs and quota back: at their predicted
         end, or when they may be stopped (then they wait again for the rest). A GPU shared by fractions comes
         back when the last of them ends."""
-        stoppable = self._stoppable_at(ranked)
+        stoppable = self._stoppable_at(queue)
         ends: list[EndsAt] = []
         shared_end: dict[int, tuple[float, float]] = {}
         holders: list[tuple[PendingJob | RunningJob, float, int, tuple[int, ...]]] = [

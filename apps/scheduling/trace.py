@@ -126,6 +126,25 @@ def with_declarations(jobs: list[TraceJob], mode: str, seed: int = 0) -> list[Tr
     return declared
 
 
+def with_load(jobs: list[TraceJob], factor: float) -> list[TraceJob]:
+    """The jobs with every gap between submissions divided by `factor` (2: arrivals twice as dense, twice the
+    offered load; 0.5: half). The first submission and each job's work are unchanged."""
+    if factor <= 0:
+        raise ValueError(f"load factor must be positive, not {factor!r}")
+    if factor == 1 or not jobs:
+        return jobs
+    start = min(job.submit_s for job in jobs)
+    return [replace(job, submit_s=start + (job.submit_s - start) / factor) for job in jobs]
+
+
+def all_submitted_at_start(jobs: list[TraceJob]) -> list[TraceJob]:
+    """The jobs all submitted at the first submission time: Muri's `*_pr` traces are their base trace so."""
+    if not jobs:
+        return jobs
+    start = min(job.submit_s for job in jobs)
+    return [replace(job, submit_s=start) for job in jobs]
+
+
 def parse_cluster(spec: str) -> tuple[int, int]:
     """'8x8' -> (8 hosts, 8 GPUs each)."""
     hosts, _, per_host = spec.lower().partition("x")

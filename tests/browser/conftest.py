@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -17,10 +21,44 @@ CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
                  "--no-first-run", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+T = TypeVar("T")
 
+
+
+class _RequestsInFlight:
+    """Requests the live server is handling (its request threads: not the test's own Client, in the main thread),
+    counted by Django's request_started and request_finished signals (the latter sent when the response closes,
+    after its body is sent or the client went away)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+
+    def started(self, **_: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            with self._changed:
+                self._count += 1
+
+    def finished(self, **_: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            with self._changed:
+                self._count -= 1
+                self._changed.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self._count <= 0, timeout)
+
+
+_IN_FLIGHT = _RequestsInFlight()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from django.core.signals import request_finished, request_started
+
+    request_started.connect(_IN_FLIGHT.started, weak=False, dispatch_uid="browser-tests-in-flight-started")
+    request_finished.connect(_IN_FLIGHT.finished, weak=False, dispatch_uid="browser-tests-in-flight-finished")
+
     config.addinivalue_line("markers", "browser: drives a real browser (chromium + playwright) against a live server")
 
 
@@ -58,6 +96,24 @@ def browser():
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
 
 
+@pytest.fixture(autouse=True)
+def _live_server_idle_at_teardown(request: pytest.FixtureRequest):
+    """After a test with the live server: close its pages and wait for the requests they started to end before
+    the database is flushed. With SQLite in memory the server's request threads share the test's connection, and
+    a flush that meets a request's read fails with "database table is locked" (and the request reads an emptied
+    database)."""
+    if "live_server" not in request.fixturenames:
+        yield
+        return
+    # (set up first, torn down after this fixture: its flush comes once the server is idle)
+    request.getfixturevalue("transactional_db")
+    yield
+    if "browser" in request.fixturenames:
+        for context in list(request.getfixturevalue("browser").contexts):
+            context.close()
+    _IN_FLIGHT.wait_idle(timeout=60)
+
+
 @pytest.fixture
 def page_for(browser, live_server):
     """A new page, logged in as `user` through a session cookie (None: anonymous). Fails on JavaScript errors."""
@@ -91,3 +147,19 @@ def page_for(browser, live_server):
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+def write_beside_the_live_server(write: Callable[[], T], attempts: int = 600) -> T:
+    """Run an ORM write while a page may be fetching. With SQLite in memory the live server's request threads share
+    the test's one connection, so a write that meets a request's unfinished read fails at once with "database table
+    is locked" (SQLITE_LOCKED, which no busy timeout waits on). The read ends within its request: try again."""
+    from django.db import OperationalError
+
+    for _ in range(attempts - 1):
+        try:
+            return write()
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            time.sleep(0.05)
+    return write()

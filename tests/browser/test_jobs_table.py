@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from apps.jobs.models import Job
 from apps.telemetry.services import frame_key
+from tests.browser.conftest import write_beside_the_live_server
 from tests.browser.test_live import FAKE_WEBSOCKET
 from tests.dashboard.conftest import hold, make_job
 
@@ -156,7 +157,7 @@ def test_live_socket_updates_utilization_and_fetches_rows_on_a_state_change(tabl
         return row && row.querySelector('td[data-f="util"]').textContent === '20 %';
     }""")
     job = Job.objects.get(name="bert-small")
-    Job.objects.filter(pk=job.pk).update(state=Job.State.CANCELLED)
+    write_beside_the_live_server(lambda: Job.objects.filter(pk=job.pk).update(state=Job.State.CANCELLED))
     page.evaluate("id => window.__emit({type: 'job.state', job: {id: id, state: 'cancelled', team: 'vision'}})", job.pk)
     page.wait_for_selector(f'#jobs-rows tr[data-job="{job.pk}"][data-state="cancelled"]')
     assert "80 %" not in running.inner_text()

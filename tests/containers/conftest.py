@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import threading
 import time
@@ -50,23 +49,12 @@ def podman() -> None:
         pytest.skip(f"container backend tests: {why}")
 
 
-def _docker_unusable() -> str | None:
-    if shutil.which("docker") is None:
-        return "docker is not installed (apt install docker.io)"
-    try:
-        answer = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                                text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"docker does not answer: {exc}"
-    return None if answer.returncode == 0 else f"no docker daemon runs here ({answer.stderr.strip()[:200]})"
-
-
 @pytest.fixture(scope="session", params=["podman", "docker"])
 def runtime_kind(request: pytest.FixtureRequest, podman: None) -> str:
     """The container CLI the agent drives: every test of the backend runs on podman, and on docker where a
     docker daemon runs (the images are built with podman and loaded into docker's store)."""
     if request.param == "docker":
-        why = _docker_unusable()
+        why = images.docker_unusable()
         if why:
             pytest.skip(f"docker backend tests: {why}")
     return str(request.param)

@@ -108,7 +108,7 @@ class HostileCluster(LiveCluster):
         """The host pid of a container job's first process (podman's view)."""
         name = f"gpu-console-{self.host}-job-{job_id}-1"
         found = subprocess.run(["podman", "inspect", "--format", "{{.State.Pid}}", name], capture_output=True,
-                               text=True, check=True)
+                               text=True, check=True, timeout=120)
         return int(found.stdout.strip())
 
 

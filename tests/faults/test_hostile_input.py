@@ -323,8 +323,10 @@ def test_the_asgi_servers_log_never_shows_a_ticket(tmp_path):
          "--no-proxy-headers", "--log-level", "info"],
         cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_until(lambda: "Application startup complete" in log_path.read_text(), timeout=60,
-                   what="uvicorn to start", details=log_path.read_text)
+        # uvicorn binds its socket after the application's startup: "running on" is the line that says it listens.
+        wait_until(lambda: "Uvicorn running on" in log_path.read_text() or server.poll() is not None, timeout=60,
+                   what="uvicorn to listen", details=log_path.read_text)
+        assert server.poll() is None, log_path.read_text()
         secrets_sent = ["wsT1cketSecretAAAA", "wsT1cketSecretBBBB"]
         try:
             with connect(f"ws://127.0.0.1:{port}/ws/cluster/?ticket={secrets_sent[0]}", open_timeout=30) as socket:

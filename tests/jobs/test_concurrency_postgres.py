@@ -159,7 +159,7 @@ def test_the_submission_rate_limit_holds_under_concurrency_across_teams(transact
         TeamQuota.objects.filter(team=team).update(max_gpus=8)
         MembershipFactory(team=team, user=user)
     add_gpus(HostFactory(name="node-a"), 8)
-    barrier = threading.Barrier(16)
+    barrier = threading.Barrier(16, timeout=60)  # a thread that fails before it fails the rest, not hangs
 
     @in_thread
     def submit(number: int) -> int:

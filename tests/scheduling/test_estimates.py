@@ -3,11 +3,13 @@ and work size, confidence, and a reason that agrees with the position."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.estimate import Release, Waiting, estimate_starts
+from apps.scheduling.estimate import Release, Waiting, _ranks, estimate_starts
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory, predict_total_s
 from apps.scheduling.similarity import similarity_key, work_size
@@ -138,3 +140,16 @@ def test_estimates_are_never_in_the_past_and_confidence_is_a_share(snap):
         if info.estimated_start is not None:
             assert info.estimated_start >= NOW - 1e-6
             assert info.confidence is not None and 0.0 <= info.confidence <= 1.0
+
+
+def test_ranks_of_a_queue_in_order_are_those_of_sorting_all_orders() -> None:
+    # (estimate._ranks places a strictly increasing queue without sorting it; equal orders share the last place)
+    for seed in range(300):
+        rng = random.Random(seed)
+        pool = [(-rng.randrange(3), float(rng.randrange(20)), 0.0, rng.randrange(4)) for _ in range(40)]
+        queue = sorted(set(rng.sample(pool, rng.randrange(30))))
+        others = [rng.choice(pool) for _ in range(rng.randrange(10))] + queue[:1]
+        ranks, rank = _ranks(queue, others)
+        expected = {order: i for i, order in enumerate(sorted(queue + others))}
+        assert ranks == [expected[order] for order in queue]
+        assert {order: rank[order] for order in others} == {order: expected[order] for order in others}

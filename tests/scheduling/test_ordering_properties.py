@@ -16,6 +16,7 @@ from apps.scheduling.ordering import estimate_service
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import (
     COLD_THRESHOLDS_GPU_S,
+    MAX_SIMILAR_SIGMA,
     MIN_SERVICE_HISTORY,
     FinishedRun,
     RuntimeHistory,
@@ -75,6 +76,33 @@ def test_a_job_past_its_declaration_still_needs_time():
                   similarity_key="other")
     estimate = estimate_service(job, 5000.0, history)
     assert estimate.queue > 0 and estimate.remaining_gpu_s > 1.0
+
+
+def _program_history(runtimes: list[float], key: str) -> RuntimeHistory:
+    """A history of runs of program `key` (of the given run times, 1 GPU, nothing declared) beside 40 runs of
+    other programs spread over 1 s .. 100,000 s, for the attained-service queues."""
+    history = RuntimeHistory()
+    for i in range(40):
+        history.record("u", f"other{i % 5}", FinishedRun(1, 10.0 ** (i % 6), None))
+    for runtime in runtimes:
+        history.record("u", key, FinishedRun(1, runtime, None))
+    return history
+
+
+def test_similar_runs_order_a_job_as_far_as_they_have_foretold_its_program():
+    fresh = pending(1, similarity_key="m")
+    # A program whose runs repeat (every run 50,000 s): similar runs foretold each one, and set the order.
+    steady = _program_history([50_000.0] * 12, "m")
+    assert steady.similar_sigma("m") < MAX_SIMILAR_SIGMA
+    assert estimate_service(fresh, 0.0, steady).remaining_gpu_s == pytest.approx(50_000, rel=0.2)
+    # A program whose runs span five orders of magnitude (as a model name in the Muri traces): its similar runs
+    # agree with each other at times (a few alike in a row) but foretold the next run badly, so the order falls
+    # back to attained service alone (2D-LAS over the learned queues): the same estimate as a job with no history.
+    erratic = _program_history([10.0 ** (1 + (i * 7) % 5) for i in range(12)] + [80_000.0] * 3, "m")
+    assert erratic.similar_sigma("m") > MAX_SIMILAR_SIGMA
+    assert erratic.similar_remaining("u", "m", 1, 0.0) is not None
+    no_similar = estimate_service(pending(2, similarity_key="never-ran"), 0.0, erratic)
+    assert estimate_service(fresh, 0.0, erratic).remaining_gpu_s == pytest.approx(no_similar.remaining_gpu_s)
 
 
 @st.composite

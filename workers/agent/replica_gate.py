@@ -205,6 +205,8 @@ def handler_class(upstream: Upstream, stats: Stats, secret: bytes) -> type[BaseH
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:  # say so: a pooled client must not send its next request on this socket
+                self.send_header("Connection", "close")
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
             self.end_headers()
