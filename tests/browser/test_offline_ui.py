@@ -96,10 +96,19 @@ def test_overview_and_job_charts_are_uplot_with_time_axes_and_hover_values(world
     accent = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--chart-1').trim()")
     spark = f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot canvas"
     assert page.evaluate(COUNT_COLOUR, [spark, accent]) > 20
-    page.locator(f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot .u-over").hover()
-    assert "utilization" in page.locator(f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot").get_attribute(
-        "title"
-    )
+    # The tooltip is written by uPlot's cursor hook on a mouse move; a live redraw in between can clear it, so the
+    # mouse moves across the sparkline until the hook has written it (a wait on the event, not on a clock).
+    spark_root = page.locator(f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot")
+    title = ""
+    for attempt in range(40):
+        over = spark_root.locator(".u-over")
+        box = over.bounding_box()
+        over.hover(position={"x": box["width"] * (0.3 + 0.01 * attempt), "y": box["height"] / 2})
+        title = spark_root.get_attribute("title") or ""
+        if "utilization" in title:
+            break
+        page.wait_for_timeout(50)
+    assert "utilization" in title
 
     page.goto(f"/jobs/{job.pk}/")
     charts = page.locator("#gpu-charts .chart .uplot")
