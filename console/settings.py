@@ -256,7 +256,7 @@ if SCHEDULER["policy"] not in {"console", "fifo", "fifo-backfill", "fair-share"}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "apps.telemetry.channel_layer.RedisChannelLayer",  # cancels always end (its docstring)
             # redis-py caps an async pool at 100 connections by default: raise it for many websockets.
             # socket_timeout above channels-redis' 5 s blocking receive: redis-py 8 otherwise times the read
             # out first and the consumer dies (measured by benchmarks/telemetry.py).
