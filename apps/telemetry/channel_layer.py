@@ -25,12 +25,9 @@ def _raise_if_cancelling() -> None:
 
 class RedisChannelLayer(_RedisChannelLayer):  # type: ignore[misc]
     async def _brpop_with_clean(self, index: int, channel: str, timeout: float) -> Any:
-        _raise_if_cancelling()
         try:
-            result = await super()._brpop_with_clean(index, channel, timeout)
-        except Exception:
-            _raise_if_cancelling()  # an error that stands for a cancel (a read cut short) is the cancel
-            raise
-        # A message popped meanwhile stays in its backup queue, which the channel's next receive restores.
-        _raise_if_cancelling()
-        return result
+            return await super()._brpop_with_clean(index, channel, timeout)
+        finally:
+            # Whatever the read ended with (a message, nothing, an error that stands for a cut-short read), a
+            # pending cancel wins; a message popped meanwhile stays in its backup queue for the channel's next receive.
+            _raise_if_cancelling()

@@ -96,18 +96,18 @@ def test_overview_and_job_charts_are_uplot_with_time_axes_and_hover_values(world
     accent = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--chart-1').trim()")
     spark = f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot canvas"
     assert page.evaluate(COUNT_COLOUR, [spark, accent]) > 20
-    # The tooltip is written by uPlot's cursor hook on a mouse move; a live redraw in between can clear it, so the
-    # mouse moves across the sparkline until the hook has written it (a wait on the event, not on a clock).
+    # The tooltip is written by uPlot's cursor hook, in the animation frame after a mouse move; a live redraw in
+    # between can clear it, so the mouse moves across the sparkline until a frame has written it.
     spark_root = page.locator(f"li.gpu[data-uuid='{world.gpus[1].uuid}'] .uplot")
+    over = spark_root.locator(".u-over")
     title = ""
     for attempt in range(40):
-        over = spark_root.locator(".u-over")
         box = over.bounding_box()
         over.hover(position={"x": box["width"] * (0.3 + 0.01 * attempt), "y": box["height"] / 2})
+        page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
         title = spark_root.get_attribute("title") or ""
         if "utilization" in title:
             break
-        page.wait_for_timeout(50)
     assert "utilization" in title
 
     page.goto(f"/jobs/{job.pk}/")
