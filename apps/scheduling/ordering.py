@@ -67,7 +67,7 @@ def aging_boost(submitted_at: float, now: float, aging_s: float) -> float:
     return 1.0 + max(0.0, now - submitted_at) / aging_s
 
 
-# The attained-service queues' floors, as quantiles of the GPU-time of the cluster's finished jobs.
+# The attained-service queues' floors, as quantiles of the run times of the cluster's finished jobs.
 SERVICE_QUANTILES = (0.25, 0.5, 0.75, 0.9)
 # A queue speaks of the whole cluster's jobs, never so surely of one job (the spread weighed is at least this):
 # a user with a good record who declares a job far larger than usual is believed.
@@ -103,9 +103,9 @@ def estimate_service(
     """Remaining GPU-time as the pass orders by it: the estimates at hand, each as a log-normal guess, combined
     by their precision (1 / spread^2):
 
-    - attained service (2D-LAS): the job's queue says what finished jobs that got this far still needed (valued as
-      a Gittins index); always there, learned from the cluster's history (floors at quantiles of finished jobs'
-      GPU-time);
+    - attained service (2D-LAS): the job's queue says what run time finished jobs that had run this long still
+      needed (a Gittins index for young jobs, the mean for older ones: prediction.learn_queues), times its GPUs;
+      always there, learned from the cluster's history (floors at quantiles of finished jobs' run times);
     - declared steps left x step time (observed, else of similar runs), as sure as the user's past declarations
       were right (RuntimeHistory.declaration_sigma); once the job has run past what it declared, a fraction of
       what it has run (prediction.py's overrun rule: trace3 noisy 61 h against 64 h with attained service alone);
@@ -131,13 +131,15 @@ def service_estimate(
     pass asks it of every waiting job. The shortcuts for a job that never ran give the same figures."""
     queues = history.service_queues(quantiles)
     running = isinstance(job, RunningJob)
-    held = gpus_held(job.gpus, job_share_units(job)) if job.gpu_share < 1.0 else job.gpus
+    held = _held(job)
     attained = attained_gpu_seconds(job, now) if running else job.attained_gpu_seconds
-    index = _queue_of(queues, attained) if attained > 0.0 else 0
+    # The queues are by run time: the attained GPU-time over the GPUs held, and the queue's remaining run time
+    # times them (a gang goes by its age, as a single-GPU job does, and weighs as its GPUs).
+    index = _queue_of(queues, attained / held) if attained > 0.0 else 0
     queue = queues[index]
-    next_floor = queues[index + 1].floor if index + 1 < len(queues) else None
+    next_floor = queues[index + 1].floor * held if index + 1 < len(queues) else None
     weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
-    total = queue.log_remaining * weight
+    total = (queue.log_remaining + math.log(held)) * weight
     # (elapsed_run_s is 0 for a job that never ran)
     elapsed = elapsed_run_s(job, now) if running or job.attained_gpu_seconds else 0.0
     declared = job.declared_steps
@@ -158,13 +160,13 @@ class NeverRun:
     long queue), with what is the same for all of them worked out once per pass: their queue (the first) and its
     weight. The same arithmetic in the same order: the same figures."""
 
-    __slots__ = ("history", "total", "weight")
+    __slots__ = ("history", "log_remaining", "weight")
 
     def __init__(self, history: RuntimeHistory, quantiles: tuple[float, ...] = SERVICE_QUANTILES) -> None:
         queue = history.service_queues(quantiles)[0]
         self.history = history
         self.weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
-        self.total = queue.log_remaining * self.weight
+        self.log_remaining = queue.log_remaining
 
     def remaining_gpu_s(self, job: PendingJob) -> float:
         """service_estimate(job, ...)[0] for a waiting job whose attained_gpu_seconds is 0 (it has run 0 s)."""
@@ -175,8 +177,15 @@ class NeverRun:
             step = history.step_s(job.user, job.similarity_key, job.gpus)
         # (past its declaration, a fraction of the 0 s it has run: nothing)
         left_s = (declared - float(job.steps_done)) * step if declared is not None and step else 0.0
-        held = gpus_held(job.gpus, job_share_units(job)) if job.gpu_share < 1.0 else job.gpus
-        return _blended(job, history, self.total, self.weight, held, 0.0, left_s)
+        held = _held(job)
+        weight = self.weight
+        return _blended(job, history, (self.log_remaining + math.log(held)) * weight, weight, held, 0.0, left_s)
+
+
+def _held(job: PendingJob | RunningJob) -> float:
+    """The GPUs the job holds (or will): its share of them for a fraction."""
+    held = gpus_held(job.gpus, job_share_units(job)) if job.gpu_share < 1.0 else job.gpus
+    return held if held > 0 else 1.0
 
 
 def _blended(

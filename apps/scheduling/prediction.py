@@ -47,11 +47,12 @@ class FinishedRun:
     steps: int | None = None
 
 
-# Finished runs whose GPU-time (gpus x run time) the attained-service queues are learned from.
+# Finished runs whose run times the attained-service queues are learned from.
 SERVICE_WINDOW = 1000
-# Below this many finished runs the queues are Tiresias' published thresholds (GPU-seconds) instead.
+# Below this many finished runs the queues are Tiresias' published thresholds instead (GPU-seconds there; run
+# seconds here).
 MIN_SERVICE_HISTORY = 20
-COLD_THRESHOLDS_GPU_S = (3250.0, 7200.0, 18000.0)
+COLD_THRESHOLDS_S = (3250.0, 7200.0, 18000.0)
 # Spread (standard deviation of the natural log) assumed of a queue's remaining GPU-time before there is history.
 COLD_SIGMA = 2.0
 # A user's declaration error (log of real / declared steps) kept, and the prior it is shrunk toward: a user with no
@@ -76,9 +77,10 @@ MIN_SIGMA = 0.05
 
 @dataclass(frozen=True, slots=True)
 class ServiceQueue:
-    """One attained-service queue: jobs that have received at least `floor` GPU-seconds (and less than the next
-    queue's floor). `log_remaining`: log of what a job there is worth ordering by (gittins_remaining of what finished
-    jobs past `floor` still needed); `sigma`: the spread of the log of those needs."""
+    """One attained-service queue: jobs that have run at least `floor` seconds (attained GPU-seconds over the GPUs
+    they hold; less than the next queue's floor). `log_remaining`: log of the run time a job there is worth ordering
+    by (learn_queues: from what finished jobs past `floor` still needed; the order multiplies it by the job's GPUs);
+    `sigma`: the spread of the log of those needs."""
 
     floor: float
     log_remaining: float
@@ -92,32 +94,40 @@ def _log_spread(logs: list[float]) -> float:
     return max(MIN_SIGMA, math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)))
 
 
-def learn_queues(services: list[float], quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
-    """Queues with floors at `quantiles` of the finished jobs' GPU-time (sorted `services`), each valued by the
-    remaining GPU-time its finished jobs needed past its floor. Before MIN_SERVICE_HISTORY runs: Tiresias'
-    thresholds, each queue expected to need up to the next one (4x the last for the last)."""
-    if len(services) < MIN_SERVICE_HISTORY:
-        cold = (0.0, *COLD_THRESHOLDS_GPU_S)
-        ceilings = (*COLD_THRESHOLDS_GPU_S, 4 * COLD_THRESHOLDS_GPU_S[-1])
+def learn_queues(run_times: list[float], quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
+    """Queues with floors at `quantiles` of the finished jobs' run times (sorted `run_times`, seconds), each valued
+    by the run time its finished jobs needed past its floor: below the median, by the Gittins index of that
+    (gittins_remaining: a young job has a real chance to finish soon); from the median on, by its mean (a job that
+    has run long is worth what the long ones still need, which in a heavy tail grows with the time run). Before
+    MIN_SERVICE_HISTORY runs: Tiresias' thresholds, each queue expected to need up to the next one (4x the last
+    for the last).
+
+    Gittins all the way (the earlier rule) values the tail queues from a handful of very long runs, often below the
+    queues before them, so that jobs that had run longest went first; the mean there: Muri trace3 without
+    declarations 86.6 h against 102.5 h, trace4 346 h against 343 h (benchmarks/scheduler.py)."""
+    if len(run_times) < MIN_SERVICE_HISTORY:
+        cold = (0.0, *COLD_THRESHOLDS_S)
+        ceilings = (*COLD_THRESHOLDS_S, 4 * COLD_THRESHOLDS_S[-1])
         return tuple(
             ServiceQueue(floor, math.log(max(ceiling - floor, 1.0)), COLD_SIGMA)
             for floor, ceiling in zip(cold, ceilings, strict=True)
         )
-    n = len(services)
+    n = len(run_times)
+    median = run_times[n // 2]
     floors = [0.0]
     for q in quantiles:
-        floor = services[min(n - 1, int(q * n))]
+        floor = run_times[min(n - 1, int(q * n))]
         if floor > floors[-1]:
             floors.append(floor)
     queues = []
     for floor in floors:
-        left = [max(s - floor, 1.0) for s in services[bisect_right(services, floor):]]
+        left = [max(s - floor, 1.0) for s in run_times[bisect_right(run_times, floor):]]
         if len(left) < 2:
             break
         logs = [math.log(x) for x in left]
-        queues.append(ServiceQueue(floor, math.log(gittins_remaining(left)), _log_spread(logs)))
+        value = gittins_remaining(left) if floor < median else sum(left) / len(left)
+        queues.append(ServiceQueue(floor, math.log(value), _log_spread(logs)))
     return tuple(queues)
-
 
 
 def gittins_remaining(left: list[float]) -> float:
@@ -145,7 +155,7 @@ class RuntimeHistory:
         self._runs: dict[tuple[str, str], _Group] = {}
         self._anyone: dict[str, _Group] = {}
         self._cache: dict[tuple[object, ...], tuple[float | None, float | None]] = {}
-        self._services: deque[float] = deque(maxlen=SERVICE_WINDOW)
+        self._run_times: deque[float] = deque(maxlen=SERVICE_WINDOW)
         self._queues: dict[tuple[float, ...], tuple[ServiceQueue, ...]] = {}
         # user -> log(real steps / declared steps) of their finished runs
         self._declared: dict[str, deque[float]] = {}
@@ -168,7 +178,7 @@ class RuntimeHistory:
         self._cache.clear()
         self._residuals.clear()
         if run.runtime_s > 0 and run.gpus > 0:
-            self._services.append(run.gpus * run.runtime_s)
+            self._run_times.append(run.runtime_s)
             self._queues.clear()
         if run.declared_steps and run.steps:
             self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
@@ -180,7 +190,7 @@ class RuntimeHistory:
         """The attained-service queues learned from finished runs (learn_queues), cached until the next record."""
         queues = self._queues.get(quantiles)
         if queues is None:
-            queues = self._queues[quantiles] = learn_queues(sorted(self._services), quantiles)
+            queues = self._queues[quantiles] = learn_queues(sorted(self._run_times), quantiles)
         return queues
 
     def similar_sigma(self, similarity_key: str) -> float:

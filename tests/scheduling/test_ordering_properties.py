@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.ordering import estimate_service
+from apps.scheduling.ordering import NeverRun, estimate_service, service_estimate
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import (
-    COLD_THRESHOLDS_GPU_S,
+    COLD_THRESHOLDS_S,
     MAX_SIMILAR_SIGMA,
     MIN_SERVICE_HISTORY,
     FinishedRun,
@@ -35,12 +35,40 @@ from .test_properties import after, snapshots
 
 def test_queues_are_learned_from_finished_jobs_and_cold_start_on_tiresias_thresholds():
     cold = learn_queues([100.0] * (MIN_SERVICE_HISTORY - 1), (0.5,))
-    assert [q.floor for q in cold] == [0.0, *COLD_THRESHOLDS_GPU_S]
+    assert [q.floor for q in cold] == [0.0, *COLD_THRESHOLDS_S]
     services = sorted([10.0] * 50 + [1000.0] * 40 + [100_000.0] * 10)
     queues = learn_queues(services, (0.5, 0.9))
     assert [q.floor for q in queues] == [0.0, 1000.0]  # the 90 % quantile is the last value: no queue past it
     # A fresh job is worth about the small jobs' size; one that got past them about what the others still need.
     assert queues[0].log_remaining < queues[1].log_remaining
+
+
+def test_young_queues_are_worth_their_gittins_index_and_old_ones_their_mean():
+    # Half the runs end at once; of the rest, most end soon after the median and a few run very long.
+    run_times = sorted([10.0] * 50 + [1_000.0] * 5 + [1_010.0] * 40 + [1_000_000.0] * 5)
+    queues = learn_queues(run_times, (0.25, 0.5))
+    assert [q.floor for q in queues] == [0.0, 10.0, 1_000.0]
+    # Below the median (1,000 s): what a young job is worth trying.
+    assert math.exp(queues[0].log_remaining) == pytest.approx(gittins_remaining([max(t, 1.0) for t in run_times]))
+    # From the median on: what the runs past it still needed on average, the very long ones included (their
+    # Gittins index, about 10 s more, would put a job that has run 1,000 s ahead of every fresh one).
+    past = [t - 1_000.0 for t in run_times if t > 1_000.0]
+    assert math.exp(queues[2].log_remaining) == pytest.approx(sum(past) / len(past))
+    assert queues[2].log_remaining > queues[0].log_remaining
+
+
+def test_a_gang_goes_by_its_age_and_weighs_as_its_gpus():
+    history = RuntimeHistory()
+    for i in range(40):
+        history.record("u", "m", FinishedRun(1, 10.0 ** (1 + i % 5), None))
+    single = running(1, (0,), started_at=0.0)
+    gang = running(2, tuple(range(1, 33)), started_at=0.0)
+    one, wide = (estimate_service(job, 500.0, history) for job in (single, gang))
+    assert one.queue == wide.queue > 0  # both have run 500 s
+    assert wide.remaining_gpu_s == pytest.approx(32 * one.remaining_gpu_s)
+    assert wide.next_floor == pytest.approx(32 * one.next_floor)
+
+
 
 
 def test_gittins_remaining_favours_a_likely_quick_finish():
@@ -198,3 +226,28 @@ def test_trace_declarations_column_and_modes(tmp_path):
     assert partial == with_declarations(many, "partial", seed=1)  # seeded
     noisy = [math.log(j.declared_steps / 1000) for j in with_declarations(many, "noisy")]  # type: ignore[operator]
     assert 0.9 < math.sqrt(sum(x * x for x in noisy) / len(noisy)) < 1.1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    histories(),
+    st.lists(
+        st.tuples(
+            st.integers(1, 16),
+            st.sampled_from((1.0, 0.5, 0.25)),
+            st.one_of(st.none(), st.integers(1, 100_000)),
+            st.one_of(st.none(), st.floats(0.01, 10.0)),
+            st.sampled_from((None, "m", "other")),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_the_pass_shortcut_for_never_run_jobs_gives_the_same_figures(history, jobs):
+    never_run = NeverRun(history)
+    for job_id, (gpus, share, declared, step, key) in enumerate(jobs):
+        job = pending(
+            job_id, gpus if share == 1.0 else 1, gpu_share=share, declared_steps=declared, observed_step_s=step,
+            similarity_key=key,
+        )
+        assert never_run.remaining_gpu_s(job) == service_estimate(job, 0.0, history)[0]
