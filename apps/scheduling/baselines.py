@@ -21,7 +21,7 @@ from apps.scheduling.types import (
     RunningJob,
     Snapshot,
 )
-from apps.scheduling.usage import attained_gpu_seconds, gpus_held, job_share_units
+from apps.scheduling.usage import attained_gpu_seconds, job_gpus_held
 
 # job id -> (true remaining seconds, true total seconds) at the snapshot's time
 Oracle = Callable[[int], tuple[float, float]]
@@ -172,6 +172,6 @@ class Tiresias2DLAS:
             attained = attained_gpu_seconds(job, now)
             later = [limit for limit in self.thresholds if limit > attained]
             if later:
-                at = now + (later[0] - attained) / gpus_held(job.gpus, job_share_units(job))
+                at = now + (later[0] - attained) / job_gpus_held(job)
                 soonest = at if soonest is None else min(soonest, at)
         return soonest

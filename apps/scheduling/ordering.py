@@ -21,7 +21,7 @@ from apps.scheduling.prediction import (
     steps_done,
 )
 from apps.scheduling.types import PendingJob, RunningJob, Snapshot
-from apps.scheduling.usage import attained_gpu_seconds, gpus_held, job_share_units
+from apps.scheduling.usage import job_gpus_held
 
 MAX_EXPONENT = 30.0
 
@@ -131,17 +131,16 @@ def service_estimate(
     pass asks it of every waiting job. The shortcuts for a job that never ran give the same figures."""
     queues = history.service_queues(quantiles)
     running = isinstance(job, RunningJob)
-    held = _held(job)
-    attained = attained_gpu_seconds(job, now) if running else job.attained_gpu_seconds
-    # The queues are by run time: the attained GPU-time over the GPUs held, and the queue's remaining run time
-    # times them (a gang goes by its age, as a single-GPU job does, and weighs as its GPUs).
-    index = _queue_of(queues, attained / held) if attained > 0.0 else 0
+    held = job_gpus_held(job)
+    # (elapsed_run_s is 0 for a job that never ran)
+    elapsed = elapsed_run_s(job, now) if running or job.attained_gpu_seconds else 0.0
+    # The queues are by run time, and the queue's remaining run time counts times the GPUs held (a gang goes by
+    # its age, as a single-GPU job does, and weighs as its GPUs); its next floor in GPU-seconds, as attained.
+    index = _queue_of(queues, elapsed)
     queue = queues[index]
     next_floor = queues[index + 1].floor * held if index + 1 < len(queues) else None
     weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
     total = (queue.log_remaining + math.log(held)) * weight
-    # (elapsed_run_s is 0 for a job that never ran)
-    elapsed = elapsed_run_s(job, now) if running or job.attained_gpu_seconds else 0.0
     declared = job.declared_steps
     step = job.observed_step_s
     if step is None and job.similarity_key is not None and declared is not None:
@@ -177,15 +176,9 @@ class NeverRun:
             step = history.step_s(job.user, job.similarity_key, job.gpus)
         # (past its declaration, a fraction of the 0 s it has run: nothing)
         left_s = (declared - float(job.steps_done)) * step if declared is not None and step else 0.0
-        held = _held(job)
+        held = job_gpus_held(job)
         weight = self.weight
         return _blended(job, history, (self.log_remaining + math.log(held)) * weight, weight, held, 0.0, left_s)
-
-
-def _held(job: PendingJob | RunningJob) -> float:
-    """The GPUs the job holds (or will): its share of them for a fraction."""
-    held = gpus_held(job.gpus, job_share_units(job)) if job.gpu_share < 1.0 else job.gpus
-    return held if held > 0 else 1.0
 
 
 def _blended(

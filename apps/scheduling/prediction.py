@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from apps.scheduling.types import PendingJob, RunningJob
-from apps.scheduling.usage import gpus_held, job_share_units
+from apps.scheduling.usage import job_gpus_held
 
 # Recent finished runs kept per (user, similarity key): old behaviour stops mattering.
 HISTORY_WINDOW = 20
@@ -317,7 +317,7 @@ def elapsed_run_s(job: PendingJob | RunningJob, now: float) -> float:
     # Attained service is in GPU-seconds (usage.py); a fraction of a GPU earns its share per second.
     earlier = 0.0
     if job.attained_gpu_seconds and job.gpus:
-        earlier = job.attained_gpu_seconds / gpus_held(job.gpus, job_share_units(job))
+        earlier = job.attained_gpu_seconds / job_gpus_held(job)
     if isinstance(job, RunningJob):
         return earlier + max(0.0, now - job.started_at)
     return earlier

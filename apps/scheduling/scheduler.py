@@ -61,7 +61,7 @@ from apps.scheduling.types import (
     RunningJob,
     Snapshot,
 )
-from apps.scheduling.usage import attained_gpu_seconds, budget_reason, gpus_held, job_share_units
+from apps.scheduling.usage import attained_gpu_seconds, budget_reason, job_gpus_held
 
 PREEMPTION_REASONS = {
     RECLAIM: "GPUs borrowed beyond team {team}'s quota were reclaimed by job {job} of team {other}",
@@ -910,7 +910,7 @@ class ConsolePass:
                 service = self.service.get(s.job.job_id)
                 if s.stopped or service is None or service.next_floor is None:
                     continue
-                held = gpus_held(s.job.gpus, job_share_units(s.job))
+                held = job_gpus_held(s.job)
                 attained = attained_gpu_seconds(s.job, self.now)
                 if held > 0 and service.next_floor > attained:
                     later.append(self.now + (service.next_floor - attained) / held)

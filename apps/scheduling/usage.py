@@ -73,6 +73,11 @@ def job_share_units(job: PendingJob | RunningJob) -> int:
     return share_units(job.gpu_share) if is_fractional(job) and job.gpu_share < 1.0 else FULL
 
 
+def job_gpus_held(job: PendingJob | RunningJob) -> float:
+    """GPUs the job holds (or will): whole GPUs, or its share of each for a fraction (gpus_held)."""
+    return job.gpus if job.gpu_share >= 1.0 else gpus_held(job.gpus, job_share_units(job))
+
+
 def attained_gpu_seconds(job: PendingJob | RunningJob, now: float) -> float:
     """Service received so far: earlier runs plus, for a running job, its current run up to `now`."""
     if isinstance(job, RunningJob):

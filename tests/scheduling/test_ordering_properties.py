@@ -69,8 +69,6 @@ def test_a_gang_goes_by_its_age_and_weighs_as_its_gpus():
     assert wide.next_floor == pytest.approx(32 * one.next_floor)
 
 
-
-
 def test_gittins_remaining_favours_a_likely_quick_finish():
     assert gittins_remaining([5.0]) == 5.0
     # Nine in ten finish after 1 more: worth trying 1, whatever the rare long one needs.
