@@ -10,7 +10,8 @@ daemonizes or when torchrun puts its workers in process groups of their own. It 
 - when the agent dies, even by kill -9 (the kernel sends the shim SIGTERM through PR_SET_PDEATHSIG).
 
 With --orphan-cleanup (a JSON argv: the container backend's `podman rm -f NAME`), the shim runs that command
-once the tree is gone if the agent died meanwhile, so a job's container does not outlive it either.
+once the tree is gone if the agent died meanwhile (retrying until it succeeds or a minute has passed), so a job's
+container does not outlive it either.
 
 With --uid (the agent's --run-as user), only the job's processes switch to that user: the shim keeps the agent's
 identity, so the job can neither signal its supervisor nor leave the subtree it reaps and kills. With --view (a
@@ -160,11 +161,29 @@ class Shim:
         return os.getppid() != self.parent
 
 
-def orphan_cleanup(argv: list[str]) -> None:
-    """Run the cleanup command (its output to the job's log, which may no longer be read)."""
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=CLEANUP_TIMEOUT_S, check=False)
+def orphan_cleanup(argv: list[str], deadline_s: float = CLEANUP_TIMEOUT_S) -> bool:
+    """Run the cleanup command until it succeeds (removing a container that is gone succeeds too).
+
+    One try is not enough: podman refuses the removal while conmon's own exit command still holds the container.
+    What happened goes to the job's log, which may no longer be read but stays on the host.
+    """
+    deadline = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                    timeout=max(1.0, deadline - time.monotonic()), check=False)
+            if result.returncode == 0:
+                return True
+            problem = f"exit {result.returncode}: {result.stderr.strip()[-300:]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = str(exc)
+        if time.monotonic() >= deadline:
+            print(f"[agent] the agent is gone and the job's cleanup failed after {attempt} tries: {problem}",
+                  file=sys.stderr, flush=True)
+            return False
+        time.sleep(min(0.2 * attempt, 2.0))
 
 
 def exit_like(status: int) -> None:
