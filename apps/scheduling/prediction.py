@@ -403,8 +403,12 @@ def _remaining(
         if job.time_limit_s is not None:
             remaining = min(remaining, job.time_limit_s - elapsed)
     if remaining <= 0:
-        # Past its prediction: the longer it has run, the longer it is likely to run on (and the less we know).
-        return OVERRUN_FRACTION * elapsed, min(confidence, TIME_LIMIT_CONFIDENCE)
+        # Past its prediction: the longer it has run, the longer it is likely to run on (and the less we know),
+        # but never past its time limit, where it is stopped.
+        remaining = OVERRUN_FRACTION * elapsed
+        if job.time_limit_s is not None:
+            remaining = min(remaining, max(0.0, job.time_limit_s - elapsed))
+        return remaining, min(confidence, TIME_LIMIT_CONFIDENCE)
     return remaining, confidence
 
 

@@ -34,3 +34,11 @@ def test_history_gives_step_time_then_runtime_then_time_limit_then_default():
 def test_a_job_past_its_prediction_still_needs_time():
     job = running(1, (0,), time_limit_s=None, started_at=0.0)
     assert predict_remaining_s(job, 10_000.0, None, 100.0) == pytest.approx(2500.0)
+
+
+def test_a_job_past_its_prediction_is_never_expected_past_its_time_limit():
+    # Declared 1,000 steps of 1 s, still running at 10,000 s: a quarter of that more, but its limit stops it sooner.
+    job = running(1, (0,), declared_steps=1000, observed_step_s=1.0, steps_done=1000, steps_reported_at=1000.0,
+                  time_limit_s=11_000.0)
+    assert predict_remaining_s(job, 10_000.0, None, 100.0) == pytest.approx(1000.0)
+    assert predict_remaining_s(job, 11_500.0, None, 100.0) == 0.0
