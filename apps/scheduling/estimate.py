@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from bisect import insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from operator import itemgetter
+from operator import add, itemgetter, lt
 
 # The pass's sort key: (-priority, score, submitted at, job id).
 Order = tuple[int, float, float, int]
@@ -411,9 +411,21 @@ def start_times(
 
 def _ranks(orders: list[Order], others: list[Order]) -> tuple[list[int], dict[Order, int]]:
     """Each order's place among `orders` and `others` together, equal orders all at the last one's place: those of
-    `orders` as a list beside them, and every order's by order."""
-    rank = {order: i for i, order in enumerate(sorted(orders + others))}
-    return [rank[order] for order in orders], rank
+    `orders` as a list beside them, and those of `others` by order (the caller looks up only those).
+
+    `orders` is the pass's queue, nearly always strictly increasing: then none of its orders is hashed or sorted.
+    The place of its i-th order is i plus the others at or before it; an other's is the orders and others at or
+    before it, less one."""
+    if not all(map(lt, orders, itertools.islice(orders, 1, None))):
+        rank = {order: i for i, order in enumerate(sorted(orders + others))}
+        return [rank[order] for order in orders], rank
+    ahead = sorted(others)
+    # (the others at or before orders[i]: a running count of where each falls)
+    falls = [0] * (len(orders) + 1)
+    for order in ahead:
+        falls[bisect_left(orders, order)] += 1
+    places = list(map(add, range(len(orders)), itertools.accumulate(falls)))
+    return places, {order: bisect_right(orders, order) + bisect_right(ahead, order) - 1 for order in ahead}
 
 
 # Submissions closer than this to each other (and the last one this close to now) make one burst, and a burst of
