@@ -235,11 +235,16 @@ class ConsolePass:
         queues_of = history or EMPTY_HISTORY
         penalties: dict[tuple[str, str], float] = {}
         never_run = NeverRun(queues_of)
+        # (the order's estimate of a job that never ran, made with its prediction: NeverRun.figures)
+        by_service = ordering not in ("fifo", "fair-share")
+        gpu_s = 0.0
         ordered: list[Ranked] = []
         for job in self.snapshot.pending:
             job_id = job.job_id
             if job.attained_gpu_seconds:
                 expected, confidence = predict_remaining(job, now, history, default_s)
+            elif by_service:
+                expected, confidence, gpu_s = never_run.figures(job, default_s)
             else:
                 expected, confidence = predict_never_run(job, history, default_s)
             # (max() and aging_boost written out: ten thousand jobs)
@@ -257,7 +262,7 @@ class ConsolePass:
                 elif job.attained_gpu_seconds:
                     score = service_estimate(job, now, queues_of)[0] * penalty / boost
                 else:
-                    score = never_run.remaining_gpu_s(job) * penalty / boost
+                    score = gpu_s * penalty / boost
             ordered.append((-job.priority, score, job.submitted_at, job_id, job, remaining, expected, confidence))
         _sort_pass_order(ordered)
         return ordered
