@@ -28,7 +28,7 @@ import itertools
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from operator import add, itemgetter, lt
+from operator import add, lt
 
 # The pass's sort key: (-priority, score, submitted at, job id).
 Order = tuple[int, float, float, int]
@@ -91,8 +91,6 @@ _Parked = tuple[int, int, int]
 # (the bucket's first job's rank (its order's place among all orders), token, bucket number)
 _Offer = tuple[int, int, int]
 INFINITY = float("inf")
-_NO_OFFER: tuple[float, list[_Offer] | None] = (INFINITY, None)
-_rank_of = itemgetter(0)
 
 
 def estimate_starts(

@@ -157,7 +157,7 @@ class VictimPlan:
 
 
 def _cost(victims: Iterable[tuple[RunState, str]]) -> tuple[int, int, int]:
-    """(the highest class stopped (-1: none), units stopped, victims): the less the better."""
+    """(the highest class stopped (-1: none), units stopped, victims): the less the better (NO_COST the least)."""
     worst = -1
     held = count = 0
     for victim, _ in victims:
@@ -168,6 +168,9 @@ def _cost(victims: Iterable[tuple[RunState, str]]) -> tuple[int, int, int]:
         count += 1
     return (worst, held, count)
 
+
+# The cost of stopping no one.
+NO_COST = (-1, 0, 0)
 
 # Victims that free GPUs together: one whole-GPU job, or all the fractions sharing one GPU.
 Group = list[tuple[RunState, str]]
@@ -248,6 +251,8 @@ def _plan_for_type(
             cost = _cost(chosen.values())
             if best is None or cost < best[0]:
                 best = (cost, host, chosen)
+                if cost == NO_COST:  # (no host can do with less than none)
+                    break
         if best is None and consolidate:
             return None
         if best is not None:

@@ -598,7 +598,7 @@ class ConsolePass:
             capacity = self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         if capacity is not None:
             return capacity
-        fractional = is_fractional(job)
+        fractional = job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None)  # (is_fractional)
         need = min_units(job) if fractional else FULL * job.gpus
         user_cap = quota.user_max_gpus.get(job.user)
         user_held = self.user_held[(job.team, job.user)] if user_cap is not None else 0  # (read only with a cap)
@@ -800,7 +800,9 @@ class ConsolePass:
         queue = [
             Waiting(
                 job.job_id, order, job.team, job.user, job.gpus, job.gpu_type,
-                FULL * job.gpus if job.gpus != 1 or not is_fractional(job) else min_units(job),
+                # (not is_fractional(job), written out)
+                FULL * job.gpus if job.gpus != 1 or job.gpu_share >= 1.0 and job.gpu_memory_mb is None
+                else min_units(job),
                 expected, confidence,
                 not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
             )
