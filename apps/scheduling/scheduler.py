@@ -87,9 +87,8 @@ Release = tuple[float, tuple[int, ...], str, int, int]
 # MIN_DECISION_REMAINING_S), the prediction as it is, its confidence)
 Ranked = tuple[int, float, float, int, PendingJob, float, float, float]
 _class_of, _score_of = itemgetter(0), itemgetter(1)
-# a job left waiting: (job, predicted remaining seconds, code, reason, its order in the pass, the prediction as it
-# is, its confidence)
-Explained = tuple[PendingJob, float, str, str, Order, float, float]
+# a job left waiting: (job, predicted remaining seconds, code, reason)
+Explained = tuple[PendingJob, float, str, str]
 
 
 @dataclass(slots=True)
@@ -556,6 +555,13 @@ class ConsolePass:
             self.fence = self._fraction_fence(ordered)
 
         waiting: list[Explained] = []
+        # The replay's queue (estimate.start_times): the waiting jobs that may get an estimate, in pass order, as
+        # _waiting_entry makes them (with what it looks up once per job looked up once per team: ten thousand
+        # jobs; a waiting job's prediction as it is is never above its remaining time, min() there).
+        queue: list[Waiting] = []
+        borrowing = self.config.borrowing
+        lends = {team: borrowing and quota.may_borrow for team, quota in self.snapshot.quotas.items()}
+        max_preemptions = self.config.max_preemptions_per_job
         higher_class_waiting: dict[int, int] = defaultdict(int)
         counted = 0  # (the sum of its values)
         place_or_explain = self._place_or_explain
@@ -563,14 +569,23 @@ class ConsolePass:
             code_reason = place_or_explain(job, score, remaining, higher_class_waiting, counted)
             if code_reason is None:  # (placed: its figures are looked up by job id from here on)
                 self.scores[job_id], self.expected[job_id], self.confidence[job_id] = score, expected, confidence
-            else:
-                code, reason = code_reason
-                order = (negative_priority, score, submitted_at, job_id)
-                waiting.append((job, remaining, code, reason, order, expected, confidence))
-                if code not in NO_ESTIMATE and code not in OWN_LIMIT:
-                    higher_class_waiting[-negative_priority] += 1
-                    counted += 1
-        self._explain(waiting)
+                continue
+            code, reason = code_reason
+            waiting.append((job, remaining, code, reason))
+            if code in NO_ESTIMATE:
+                continue
+            queue.append(Waiting(
+                job_id, (negative_priority, score, submitted_at, job_id), job.team, job.user, job.gpus, job.gpu_type,
+                # (not is_fractional(job), written out)
+                FULL * job.gpus if job.gpus != 1 or job.gpu_share >= 1.0 and job.gpu_memory_mb is None
+                else min_units(job),
+                expected, confidence,
+                not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
+            ))
+            if code not in OWN_LIMIT:
+                higher_class_waiting[-negative_priority] += 1
+                counted += 1
+        self._explain(waiting, self._with_head(queue))
         # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
         wake_at = self.now if self.preemptions and self.pending else self._wake_at()
         return Decisions(
@@ -718,7 +733,7 @@ class ConsolePass:
         self.free.take(extra)
         return fits
 
-    def _explain(self, waiting: list[Explained]) -> None:
+    def _explain(self, waiting: list[Explained], queue: list[Waiting]) -> None:
         capacity = dict(self.schedulable_total)
         free_by_type = {t: self.free.totals.get(t, 0) for t in capacity}
         if self.reservation is not None:
@@ -732,7 +747,6 @@ class ConsolePass:
             for team, q in quotas.items()
             for user, cap in q.user_max_gpus.items()
         }
-        queue = self._queue(waiting)
         starts = start_times(
             self.now, free_by_type, capacity, team_room, user_room, self._ends(queue), queue,
             expected_arrivals(self.now, self._recent(queue)),
@@ -740,7 +754,7 @@ class ConsolePass:
         pending = self.pending
         # confidence -> rounded to 2 places: round() goes through a decimal string, and a pass has few confidences
         rounded: dict[float, float] = {}
-        for position, (job, remaining, code, reason, _, _, _) in enumerate(waiting, start=1):
+        for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
             estimate = starts.get(job.job_id)
             if code == "waiting" and position == 1:
                 reason = self._agreeing_reason(code, reason, position)
@@ -790,25 +804,8 @@ class ConsolePass:
             not may_borrow,
         )
 
-    def _queue(self, waiting: list[Explained]) -> list[Waiting]:
-        """The replay's queue: the waiting jobs that may get an estimate, in pass order."""
-        # (_waiting_entry for each job, with what it looks up once per job looked up once per team: ten thousand
-        # jobs; a waiting job's prediction as it is is never above its remaining time, min() there)
-        borrowing = self.config.borrowing
-        lends = {team: borrowing and quota.may_borrow for team, quota in self.snapshot.quotas.items()}
-        max_preemptions = self.config.max_preemptions_per_job
-        queue = [
-            Waiting(
-                job.job_id, order, job.team, job.user, job.gpus, job.gpu_type,
-                # (not is_fractional(job), written out)
-                FULL * job.gpus if job.gpus != 1 or job.gpu_share >= 1.0 and job.gpu_memory_mb is None
-                else min_units(job),
-                expected, confidence,
-                not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
-            )
-            for job, _, code, _, order, expected, confidence in waiting
-            if code not in NO_ESTIMATE
-        ]
+    def _with_head(self, queue: list[Waiting]) -> list[Waiting]:
+        """The replay's queue (made in run) with the reserved head's start fixed."""
         head = self.reservation
         if head is None:
             return queue
