@@ -146,8 +146,19 @@ class Fence:
 
 
 class ConsolePass:
+    # Slots: the pass reads its own fields millions of times, and past 30 fields an instance's dict no longer shares
+    # its keys (CPython 3.11), every read of one a lookup.
+    __slots__ = (
+        "behind_reasons", "borrow_reasons", "candidates", "capacity_reasons", "confidence", "config",
+        "container_total", "expected", "fair", "fence", "free", "no_fit", "now", "pending", "placed_ends",
+        "placed_jobs", "placements", "preemptions", "quotas", "reservation", "schedulable_total", "scores",
+        "searches", "service", "sharers", "snapshot", "states", "team_held", "team_lends", "user_held",
+        "victim_index", "widest_host",
+    )
+
     def __init__(self, snapshot: Snapshot, config: PolicyConfig) -> None:
         self.snapshot = snapshot
+        self.quotas = snapshot.quotas
         self.config = config
         self.now = snapshot.now
         self.free = FreeGpus.from_snapshot(snapshot)
@@ -601,7 +612,7 @@ class ConsolePass:
         """None when `job` is placed (or stops victims), else why it waits: (code, reason). `higher_class_waiting`:
         class -> jobs of that class found waiting so far (`counted` in all)."""
         config = self.config
-        quota = self.snapshot.quotas.get(job.team)
+        quota = self.quotas.get(job.team)
         if quota is None:
             return "no_quota", f"team {job.team} has no GPU quota"
         if quota.budget_spent:
@@ -615,7 +626,7 @@ class ConsolePass:
             return capacity
         fractional = job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None)  # (is_fractional)
         need = min_units(job) if fractional else FULL * job.gpus
-        user_cap = quota.user_max_gpus.get(job.user)
+        user_cap = quota.user_max_gpus.get(job.user) if quota.user_max_gpus else None  # (most teams cap no one)
         user_held = self.user_held[(job.team, job.user)] if user_cap is not None else 0  # (read only with a cap)
         if user_cap is not None and user_held + need > FULL * user_cap:
             return (
