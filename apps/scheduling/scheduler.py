@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import math
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
@@ -123,6 +124,34 @@ def _any_fraction(jobs: tuple[PendingJob, ...]) -> bool:
         if job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None):
             return True
     return False
+
+
+def _firsts(queue: list[Waiting], teams: set[str]) -> tuple[dict[str, int], dict[tuple[str, int], float]]:
+    """For `teams`: each one's top class among the waiting jobs of `queue`, and its best score in each class it
+    has jobs of. `queue` is in pass order (class down, then score up, each class a run of it): a team's first job
+    is in its top class, and its first of each class has its best score; a class's run is found by bisection and
+    read only until it has shown every team (a few dozen jobs of thousands, nearly always)."""
+    top_class: dict[str, int] = {}
+    best_score: dict[tuple[str, int], float] = {}
+    start = 0
+    while start < len(queue) and teams:
+        negative_priority = queue[start].order[0]
+        end = bisect_right(queue, negative_priority, lo=start, key=_class_of_waiting)
+        priority, seen = -negative_priority, 0
+        for i in range(start, end):
+            w = queue[i]
+            if w.team in teams and (w.team, priority) not in best_score:
+                best_score[(w.team, priority)] = w.order[1]
+                top_class.setdefault(w.team, priority)
+                seen += 1
+                if seen == len(teams):
+                    break
+        start = end
+    return top_class, best_score
+
+
+def _class_of_waiting(w: Waiting) -> int:
+    return w.order[0]
 
 
 def _sort_pass_order(ordered: list[Ranked]) -> None:
@@ -830,15 +859,11 @@ class ConsolePass:
         """Running job id -> when a waiting job may stop it (preemption.py's rules for its own team: a higher
         class, or a much shorter job of its class), no earlier than its minimum run time allows."""
         config = self.config
-        # `queue` is in pass order (class down, then score up): a team's first job is in its top class, and the
-        # first of each class has its best score. (Walked backwards: the last assignment wins.)
-        top_class = {w.team: -w.order[0] for w in reversed(queue)}
-        best_score = {(w.team, -w.order[0]): w.order[1] for w in reversed(queue)}
+        candidates = [state for state in self.states if not state.stopped and state.job.preemptible]
+        top_class, best_score = _firsts(queue, {state.job.team for state in candidates})
         stoppable: dict[int, float] = {}
-        for state in self.states:
+        for state in candidates:
             running = state.job
-            if state.stopped or not running.preemptible:
-                continue
             outranked = config.priority_preemption and top_class.get(running.team, -1) > int(running.priority)
             shorter = best_score.get((running.team, int(running.priority)))
             if config.srpt_preemption and shorter is not None and state.score > config.srpt_preempt_ratio * shorter:
