@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from bisect import insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from operator import itemgetter
+from operator import add, lt
 
 # The pass's sort key: (-priority, score, submitted at, job id).
 Order = tuple[int, float, float, int]
@@ -91,8 +91,6 @@ _Parked = tuple[int, int, int]
 # (the bucket's first job's rank (its order's place among all orders), token, bucket number)
 _Offer = tuple[int, int, int]
 INFINITY = float("inf")
-_NO_OFFER: tuple[float, list[_Offer] | None] = (INFINITY, None)
-_rank_of = itemgetter(0)
 
 
 def estimate_starts(
@@ -136,6 +134,8 @@ def start_times(
     carries the bucket's token of the time: a bucket offered or parked again gets a new one, and the entries
     with an old one are skipped."""
     free = {t: free_by_type.get(t, 0) for t in capacity_by_type}
+    # (every team that can start or end a job here gets an entry, 0 if none was given: bucket_of, the releases and
+    # the reserved starts add theirs, and the replay reads a team's room by subscript, ten thousand times a pass)
     team_room = dict(team_room)
     user_room = dict(user_room)
     # Untyped jobs are counted on the type with the most GPUs (a simplification of "any type").
@@ -149,6 +149,7 @@ def start_times(
         freed_by.setdefault(r.at, []).append(
             (r.gpu_type or default_type, r.gpus, r.team, r.user, r.units, r.confidence, r.requeue)
         )
+        team_room.setdefault(r.team, 0)
     freed = list(freed_by)
     heapq.heapify(freed)
 
@@ -191,7 +192,7 @@ def start_times(
 
     def held_back(job: Waiting) -> bool:
         """By its team's quota or its user's cap."""
-        if job.quota_bound and team_room.get(job.team, 0) < job.units:
+        if job.quota_bound and team_room[job.team] < job.units:
             return True
         if not user_room:  # (no caps: the common case, without making a key)
             return False
@@ -206,7 +207,7 @@ def start_times(
         if not bucket:
             return
         negative_rank, _, job = bucket[-1]
-        if job.quota_bound and team_room.get(job.team, 0) < job.units:
+        if job.quota_bound and team_room[job.team] < job.units:
             heappush(short_of_team.setdefault(job.team, []), (job.units, t, b))
         elif user_room and (room := user_room.get((job.team, job.user))) is not None and room < job.units:
             heappush(short_of_user.setdefault((job.team, job.user), []), (job.units, t, b))
@@ -245,6 +246,7 @@ def start_times(
                 estimates.setdefault(job.job_id, None)
                 unplaced.discard(job.job_id)
             return None
+        team_room.setdefault(job.team, 0)
         capped = bool(user_room) and (job.team, job.user) in user_room  # (no key made when no user has a cap)
         key = (
             gpu_type,
@@ -305,6 +307,7 @@ def start_times(
         elif (job.gpu_type or default_type) in free:
             heapq.heappush(events, (max(now, job.fixed_start), next(seq), job, None))
             reserved += 1
+            team_room.setdefault(job.team, 0)
         else:
             estimates[job.job_id] = None
             unplaced.discard(job.job_id)
@@ -328,7 +331,7 @@ def start_times(
                 if gpu_type in free:
                     free[gpu_type] += gpus
                     changed.add(gpu_type)
-                team_room[team] = room = team_room.get(team, 0) + units
+                team_room[team] = room = team_room[team] + units
                 if (parked := short_of_team.get(team)) and parked[0][0] <= room:
                     wake(parked, room)
                 if user_room and (team, user) in user_room:
@@ -363,7 +366,7 @@ def start_times(
             bucket = buckets[b]
             job = bucket[-1][2]
             # held_back(job), its quota test written out (the common case): starts since it was offered took the room
-            if job.quota_bound and team_room.get(job.team, 0) < job.units or user_room and held_back(job):
+            if job.quota_bound and team_room[job.team] < job.units or user_room and held_back(job):
                 heappop(heap)
                 review(b)
                 continue
@@ -374,7 +377,7 @@ def start_times(
             free[gpu_type] -= gpus
             changed.add(gpu_type)
             team, units = job.team, job.units
-            team_room[team] = team_room.get(team, 0) - units
+            team_room[team] -= units
             if user_room and (team, job.user) in user_room:
                 user_room[(team, job.user)] -= units
             job_id = job.job_id
@@ -391,7 +394,7 @@ def start_times(
                 moment.append(release)
             # the bucket's next job, offered in its place unless held back
             if bucket and not (
-                (nxt := bucket[-1][2]).quota_bound and team_room.get(nxt.team, 0) < nxt.units
+                (nxt := bucket[-1][2]).quota_bound and team_room[nxt.team] < nxt.units
                 or user_room and held_back(nxt)
             ):
                 t = token[b] = next(tokens)
@@ -411,9 +414,21 @@ def start_times(
 
 def _ranks(orders: list[Order], others: list[Order]) -> tuple[list[int], dict[Order, int]]:
     """Each order's place among `orders` and `others` together, equal orders all at the last one's place: those of
-    `orders` as a list beside them, and every order's by order."""
-    rank = {order: i for i, order in enumerate(sorted(orders + others))}
-    return [rank[order] for order in orders], rank
+    `orders` as a list beside them, and those of `others` by order (the caller looks up only those).
+
+    `orders` is the pass's queue, nearly always strictly increasing: then none of its orders is hashed or sorted.
+    The place of its i-th order is i plus the others at or before it; an other's is the orders and others at or
+    before it, less one."""
+    if not all(map(lt, orders, itertools.islice(orders, 1, None))):
+        rank = {order: i for i, order in enumerate(sorted(orders + others))}
+        return [rank[order] for order in orders], rank
+    ahead = sorted(others)
+    # (the others at or before orders[i]: a running count of where each falls)
+    falls = [0] * (len(orders) + 1)
+    for order in ahead:
+        falls[bisect_left(orders, order)] += 1
+    places = list(map(add, range(len(orders)), itertools.accumulate(falls)))
+    return places, {order: bisect_right(orders, order) + bisect_right(ahead, order) - 1 for order in ahead}
 
 
 # Submissions closer than this to each other (and the last one this close to now) make one burst, and a burst of

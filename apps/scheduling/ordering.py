@@ -12,9 +12,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from apps.scheduling.prediction import (
+    DEFAULT_CONFIDENCE,
     MAX_SIMILAR_SIGMA,
     MIN_SIGMA,
     OVERRUN_FRACTION,
+    OWN_STEP_CONFIDENCE,
+    TIME_LIMIT_CONFIDENCE,
     RuntimeHistory,
     ServiceQueue,
     elapsed_run_s,
@@ -159,13 +162,85 @@ class NeverRun:
     long queue), with what is the same for all of them worked out once per pass: their queue (the first) and its
     weight. The same arithmetic in the same order: the same figures."""
 
-    __slots__ = ("history", "log_remaining", "weight")
+    __slots__ = ("history", "log_remaining", "programs", "weight")
 
     def __init__(self, history: RuntimeHistory, quantiles: tuple[float, ...] = SERVICE_QUANTILES) -> None:
         queue = history.service_queues(quantiles)[0]
         self.history = history
         self.weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
         self.log_remaining = queue.log_remaining
+        self.programs = history.programs()
+
+    def figures(self, job: PendingJob, default_s: float) -> tuple[float, float, float]:
+        """(remaining seconds, confidence) as prediction.predict_never_run(job, history, default_s) gives them, and
+        remaining_gpu_s(job), for a waiting job that never ran: the pass asks all three of nearly every job of a long
+        queue, and they read the same fields of it and the same step time of similar runs, here once (and the
+        history not at all for a program it has no runs of: it would answer nothing). prediction._predicted,
+        _remaining and _blended written out: the same arithmetic in the same order, the same figures (and min() and
+        max() of two as the expressions they are: min(a, b) is `b if b < a else a`, max(a, b) `b if b > a else a`,
+        at a seventh of the cost)."""
+        history = self.history
+        declared = job.declared_steps
+        step = job.observed_step_s
+        time_limit = job.time_limit_s
+        program = job.similarity_key
+        if program is not None and program not in self.programs:
+            program = None
+        # -- predict_never_run: the whole run's prediction (_predicted), less the 0 s run (_remaining)
+        confidence: float | None = None
+        if step is not None:
+            if program is not None:
+                confidence = history.step_estimate(job.user, program, job.gpus)[1]
+            if confidence is None or confidence < OWN_STEP_CONFIDENCE:
+                confidence = OWN_STEP_CONFIDENCE
+        elif program is not None:
+            step, confidence = history.step_estimate(job.user, program, job.gpus)
+        # (the declared steps left x step time: the prediction by steps, and the declaration the order weighs)
+        left_s = (declared - float(job.steps_done)) * step if declared is not None and step else 0.0
+        if declared is not None and step:
+            remaining = left_s
+            sure = confidence if confidence is not None else 0.5
+        else:
+            runtime, estimated = (
+                history.runtime_estimate(job.user, program, job.gpus, job.work_size) if program is not None
+                else (None, None)
+            )
+            if runtime is not None:
+                if time_limit is not None and time_limit < runtime:
+                    runtime = time_limit
+                total_s, sure = runtime, estimated if estimated is not None else 0.5
+            elif time_limit is not None:
+                total_s, sure = time_limit, TIME_LIMIT_CONFIDENCE
+            else:
+                total_s, sure = default_s, DEFAULT_CONFIDENCE
+            remaining = total_s - 0.0
+            if time_limit is not None and (limit_left := time_limit - 0.0) < remaining:
+                remaining = limit_left
+        if remaining <= 0:
+            remaining, sure = OVERRUN_FRACTION * 0.0, min(sure, TIME_LIMIT_CONFIDENCE)
+        # -- remaining_gpu_s: the first queue's log remaining, the declaration and similar runs (_blended)
+        held = job.gpus if job.gpu_share >= 1.0 else job_gpus_held(job)
+        weight = self.weight
+        total = (self.log_remaining + math.log(held)) * weight
+        if left_s > 0:
+            w = 1.0 / history.declaration_sigma(job.user) ** 2
+            left_gpu_s = left_s * held
+            total += math.log(1.0 if left_gpu_s < 1.0 else left_gpu_s) * w  # (max(left_gpu_s, 1.0))
+            weight += w
+        if program is not None and declared is None:
+            similar = history.similar_remaining(job.user, program, job.gpus, 0.0)
+            trust = history.similar_sigma(program) if similar is not None else 0.0
+            if similar is not None and trust <= MAX_SIMILAR_SIGMA:
+                w = 1.0 / max(similar[1], trust, MIN_SIGMA) ** 2
+                total += (similar[0] + math.log(held)) * w
+                weight += w
+        gpu_s = math.exp(total / weight)
+        if time_limit is not None:
+            limit_gpu_s = (time_limit - 0.0) * held
+            limit_gpu_s = limit_gpu_s if limit_gpu_s > 1.0 else 1.0
+            if limit_gpu_s < gpu_s:
+                gpu_s = limit_gpu_s
+        return remaining, sure, gpu_s
 
     def remaining_gpu_s(self, job: PendingJob) -> float:
         """service_estimate(job, ...)[0] for a waiting job whose attained_gpu_seconds is 0 (it has run 0 s)."""

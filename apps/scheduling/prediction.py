@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import deque
+from collections.abc import KeysView
 from dataclasses import dataclass
 from statistics import median
 
@@ -185,6 +186,11 @@ class RuntimeHistory:
                 math.log(run.steps / run.declared_steps)
             )
             self._declaration_sigma.pop(user, None)
+
+    def programs(self) -> KeysView[str]:
+        """The similarity keys of the finished runs recorded (a live view): a lookup by any other key (step_estimate,
+        runtime_estimate, similar_remaining) answers nothing."""
+        return self._anyone.keys()
 
     def service_queues(self, quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
         """The attained-service queues learned from finished runs (learn_queues), cached until the next record."""

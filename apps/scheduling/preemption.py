@@ -153,9 +153,24 @@ class VictimPlan:
     gpu_type: str
 
     def cost(self) -> tuple[int, int, int]:
-        worst = max((int(v.job.priority) for v, _ in self.victims), default=-1)
-        return (worst, sum(v.held for v, _ in self.victims), len(self.victims))
+        return _cost(self.victims)
 
+
+def _cost(victims: Iterable[tuple[RunState, str]]) -> tuple[int, int, int]:
+    """(the highest class stopped (-1: none), units stopped, victims): the less the better (NO_COST the least)."""
+    worst = -1
+    held = count = 0
+    for victim, _ in victims:
+        priority = int(victim.job.priority)
+        if priority > worst:
+            worst = priority
+        held += victim.held
+        count += 1
+    return (worst, held, count)
+
+
+# The cost of stopping no one.
+NO_COST = (-1, 0, 0)
 
 # Victims that free GPUs together: one whole-GPU job, or all the fractions sharing one GPU.
 Group = list[tuple[RunState, str]]
@@ -167,14 +182,17 @@ def _groups_on_hosts(
     """host -> (victim group, GPUs it frees there), in victim order (a group of fractions comes when its last
     member does)."""
     on_host: dict[str, list[tuple[Group, int]]] = {}
-    kinds = {id(state): kind for state, kind in eligible}
-    rank = {id(state): i for i, (state, _) in enumerate(eligible)}
+    kinds: dict[int, str] = {}
+    rank: dict[int, int] = {}
     for state, kind in eligible:
         if not is_fractional(state.job):
             for host, (host_type, count) in state.hosts.items():
                 if host_type == gpu_type:
                     on_host.setdefault(host, []).append(([(state, kind)], count))
             continue
+        if not kinds:  # (made for the first fraction: a plan for whole-GPU victims alone needs neither)
+            kinds = {id(state): kind for state, kind in eligible}
+            rank = {id(state): i for i, (state, _) in enumerate(eligible)}
         for host, (host_type, _) in state.hosts.items():
             if host_type != gpu_type:
                 continue
@@ -209,9 +227,9 @@ def _plan_for_type(
     chosen: dict[int, tuple[RunState, str]] = {}
 
     def stop_until(host: str, needed: int) -> None:
-        have = free_on.get(host, 0) + sum(
-            c for group, c in on_host.get(host, ()) if all(s.job.job_id in chosen for s, _ in group)
-        )
+        have = free_on.get(host, 0)
+        if chosen:  # (victims chosen on other hosts may free GPUs here too)
+            have += sum(c for group, c in on_host.get(host, ()) if all(s.job.job_id in chosen for s, _ in group))
         for group, count in on_host.get(host, ()):
             if have >= needed:
                 return
@@ -228,11 +246,13 @@ def _plan_for_type(
         for host in sorted(freeable, key=free.host_order.__getitem__):
             if freeable[host] < job.gpus:
                 continue
-            chosen = {}
+            chosen = {}  # (a new dict for each host: the best one is kept as it is)
             stop_until(host, job.gpus)
-            plan = VictimPlan(list(chosen.values()), gpu_type)
-            if best is None or plan.cost() < best[0]:
-                best = (plan.cost(), host, dict(chosen))
+            cost = _cost(chosen.values())
+            if best is None or cost < best[0]:
+                best = (cost, host, chosen)
+                if cost == NO_COST:  # (no host can do with less than none)
+                    break
         if best is None and consolidate:
             return None
         if best is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import math
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
@@ -87,9 +88,8 @@ Release = tuple[float, tuple[int, ...], str, int, int]
 # MIN_DECISION_REMAINING_S), the prediction as it is, its confidence)
 Ranked = tuple[int, float, float, int, PendingJob, float, float, float]
 _class_of, _score_of = itemgetter(0), itemgetter(1)
-# a job left waiting: (job, predicted remaining seconds, code, reason, its order in the pass, the prediction as it
-# is, its confidence)
-Explained = tuple[PendingJob, float, str, str, Order, float, float]
+# a job left waiting: (job, predicted remaining seconds, code, reason)
+Explained = tuple[PendingJob, float, str, str]
 
 
 @dataclass(slots=True)
@@ -126,6 +126,34 @@ def _any_fraction(jobs: tuple[PendingJob, ...]) -> bool:
     return False
 
 
+def _firsts(queue: list[Waiting], teams: set[str]) -> tuple[dict[str, int], dict[tuple[str, int], float]]:
+    """For `teams`: each one's top class among the waiting jobs of `queue`, and its best score in each class it
+    has jobs of. `queue` is in pass order (class down, then score up, each class a run of it): a team's first job
+    is in its top class, and its first of each class has its best score; a class's run is found by bisection and
+    read only until it has shown every team (a few dozen jobs of thousands, nearly always)."""
+    top_class: dict[str, int] = {}
+    best_score: dict[tuple[str, int], float] = {}
+    start = 0
+    while start < len(queue) and teams:
+        negative_priority = queue[start].order[0]
+        end = bisect_right(queue, negative_priority, lo=start, key=_class_of_waiting)
+        priority, seen = -negative_priority, 0
+        for i in range(start, end):
+            w = queue[i]
+            if w.team in teams and (w.team, priority) not in best_score:
+                best_score[(w.team, priority)] = w.order[1]
+                top_class.setdefault(w.team, priority)
+                seen += 1
+                if seen == len(teams):
+                    break
+        start = end
+    return top_class, best_score
+
+
+def _class_of_waiting(w: Waiting) -> int:
+    return w.order[0]
+
+
 def _sort_pass_order(ordered: list[Ranked]) -> None:
     """ordered.sort(), the same order for less: when no two scores are equal (nearly always), the order is by class
     then score, and two stable sorts on the plain floats and ints compare far cheaper than ten thousand tuples."""
@@ -147,8 +175,19 @@ class Fence:
 
 
 class ConsolePass:
+    # Slots: the pass reads its own fields millions of times, and past 30 fields an instance's dict no longer shares
+    # its keys (CPython 3.11), every read of one a lookup.
+    __slots__ = (
+        "behind_reasons", "borrow_reasons", "candidates", "capacity_reasons", "confidence", "config",
+        "container_total", "expected", "fair", "fence", "free", "no_fit", "now", "pending", "placed_ends",
+        "placed_jobs", "placements", "preemptions", "quotas", "reservation", "schedulable_total", "scores",
+        "searches", "service", "sharers", "snapshot", "states", "team_held", "team_lends", "user_held",
+        "victim_index", "widest_host",
+    )
+
     def __init__(self, snapshot: Snapshot, config: PolicyConfig) -> None:
         self.snapshot = snapshot
+        self.quotas = snapshot.quotas
         self.config = config
         self.now = snapshot.now
         self.free = FreeGpus.from_snapshot(snapshot)
@@ -235,11 +274,16 @@ class ConsolePass:
         queues_of = history or EMPTY_HISTORY
         penalties: dict[tuple[str, str], float] = {}
         never_run = NeverRun(queues_of)
+        # (the order's estimate of a job that never ran, made with its prediction: NeverRun.figures)
+        by_service = ordering not in ("fifo", "fair-share")
+        gpu_s = 0.0
         ordered: list[Ranked] = []
         for job in self.snapshot.pending:
             job_id = job.job_id
             if job.attained_gpu_seconds:
                 expected, confidence = predict_remaining(job, now, history, default_s)
+            elif by_service:
+                expected, confidence, gpu_s = never_run.figures(job, default_s)
             else:
                 expected, confidence = predict_never_run(job, history, default_s)
             # (max() and aging_boost written out: ten thousand jobs)
@@ -257,7 +301,7 @@ class ConsolePass:
                 elif job.attained_gpu_seconds:
                     score = service_estimate(job, now, queues_of)[0] * penalty / boost
                 else:
-                    score = never_run.remaining_gpu_s(job) * penalty / boost
+                    score = gpu_s * penalty / boost
             ordered.append((-job.priority, score, job.submitted_at, job_id, job, remaining, expected, confidence))
         _sort_pass_order(ordered)
         return ordered
@@ -551,6 +595,13 @@ class ConsolePass:
             self.fence = self._fraction_fence(ordered)
 
         waiting: list[Explained] = []
+        # The replay's queue (estimate.start_times): the waiting jobs that may get an estimate, in pass order, as
+        # _waiting_entry makes them (with what it looks up once per job looked up once per team: ten thousand
+        # jobs; a waiting job's prediction as it is is never above its remaining time, min() there).
+        queue: list[Waiting] = []
+        borrowing = self.config.borrowing
+        lends = {team: borrowing and quota.may_borrow for team, quota in self.snapshot.quotas.items()}
+        max_preemptions = self.config.max_preemptions_per_job
         higher_class_waiting: dict[int, int] = defaultdict(int)
         counted = 0  # (the sum of its values)
         place_or_explain = self._place_or_explain
@@ -558,14 +609,23 @@ class ConsolePass:
             code_reason = place_or_explain(job, score, remaining, higher_class_waiting, counted)
             if code_reason is None:  # (placed: its figures are looked up by job id from here on)
                 self.scores[job_id], self.expected[job_id], self.confidence[job_id] = score, expected, confidence
-            else:
-                code, reason = code_reason
-                order = (negative_priority, score, submitted_at, job_id)
-                waiting.append((job, remaining, code, reason, order, expected, confidence))
-                if code not in NO_ESTIMATE and code not in OWN_LIMIT:
-                    higher_class_waiting[-negative_priority] += 1
-                    counted += 1
-        self._explain(waiting)
+                continue
+            code, reason = code_reason
+            waiting.append((job, remaining, code, reason))
+            if code in NO_ESTIMATE:
+                continue
+            queue.append(Waiting(
+                job_id, (negative_priority, score, submitted_at, job_id), job.team, job.user, job.gpus, job.gpu_type,
+                # (not is_fractional(job), written out)
+                FULL * job.gpus if job.gpus != 1 or job.gpu_share >= 1.0 and job.gpu_memory_mb is None
+                else min_units(job),
+                expected, confidence,
+                not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
+            ))
+            if code not in OWN_LIMIT:
+                higher_class_waiting[-negative_priority] += 1
+                counted += 1
+        self._explain(waiting, self._with_head(queue))
         # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
         wake_at = self.now if self.preemptions and self.pending else self._wake_at()
         return Decisions(
@@ -581,7 +641,7 @@ class ConsolePass:
         """None when `job` is placed (or stops victims), else why it waits: (code, reason). `higher_class_waiting`:
         class -> jobs of that class found waiting so far (`counted` in all)."""
         config = self.config
-        quota = self.snapshot.quotas.get(job.team)
+        quota = self.quotas.get(job.team)
         if quota is None:
             return "no_quota", f"team {job.team} has no GPU quota"
         if quota.budget_spent:
@@ -593,9 +653,9 @@ class ConsolePass:
             capacity = self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         if capacity is not None:
             return capacity
-        fractional = is_fractional(job)
+        fractional = job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None)  # (is_fractional)
         need = min_units(job) if fractional else FULL * job.gpus
-        user_cap = quota.user_max_gpus.get(job.user)
+        user_cap = quota.user_max_gpus.get(job.user) if quota.user_max_gpus else None  # (most teams cap no one)
         user_held = self.user_held[(job.team, job.user)] if user_cap is not None else 0  # (read only with a cap)
         if user_cap is not None and user_held + need > FULL * user_cap:
             return (
@@ -713,7 +773,7 @@ class ConsolePass:
         self.free.take(extra)
         return fits
 
-    def _explain(self, waiting: list[Explained]) -> None:
+    def _explain(self, waiting: list[Explained], queue: list[Waiting]) -> None:
         capacity = dict(self.schedulable_total)
         free_by_type = {t: self.free.totals.get(t, 0) for t in capacity}
         if self.reservation is not None:
@@ -727,7 +787,6 @@ class ConsolePass:
             for team, q in quotas.items()
             for user, cap in q.user_max_gpus.items()
         }
-        queue = self._queue(waiting)
         starts = start_times(
             self.now, free_by_type, capacity, team_room, user_room, self._ends(queue), queue,
             expected_arrivals(self.now, self._recent(queue)),
@@ -735,7 +794,7 @@ class ConsolePass:
         pending = self.pending
         # confidence -> rounded to 2 places: round() goes through a decimal string, and a pass has few confidences
         rounded: dict[float, float] = {}
-        for position, (job, remaining, code, reason, _, _, _) in enumerate(waiting, start=1):
+        for position, (job, remaining, code, reason) in enumerate(waiting, start=1):
             estimate = starts.get(job.job_id)
             if code == "waiting" and position == 1:
                 reason = self._agreeing_reason(code, reason, position)
@@ -785,23 +844,8 @@ class ConsolePass:
             not may_borrow,
         )
 
-    def _queue(self, waiting: list[Explained]) -> list[Waiting]:
-        """The replay's queue: the waiting jobs that may get an estimate, in pass order."""
-        # (_waiting_entry for each job, with what it looks up once per job looked up once per team: ten thousand
-        # jobs; a waiting job's prediction as it is is never above its remaining time, min() there)
-        borrowing = self.config.borrowing
-        lends = {team: borrowing and quota.may_borrow for team, quota in self.snapshot.quotas.items()}
-        max_preemptions = self.config.max_preemptions_per_job
-        queue = [
-            Waiting(
-                job.job_id, order, job.team, job.user, job.gpus, job.gpu_type,
-                FULL * job.gpus if job.gpus != 1 or not is_fractional(job) else min_units(job),
-                expected, confidence,
-                not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
-            )
-            for job, _, code, _, order, expected, confidence in waiting
-            if code not in NO_ESTIMATE
-        ]
+    def _with_head(self, queue: list[Waiting]) -> list[Waiting]:
+        """The replay's queue (made in run) with the reserved head's start fixed."""
         head = self.reservation
         if head is None:
             return queue
@@ -815,15 +859,11 @@ class ConsolePass:
         """Running job id -> when a waiting job may stop it (preemption.py's rules for its own team: a higher
         class, or a much shorter job of its class), no earlier than its minimum run time allows."""
         config = self.config
-        # `queue` is in pass order (class down, then score up): a team's first job is in its top class, and the
-        # first of each class has its best score. (Walked backwards: the last assignment wins.)
-        top_class = {w.team: -w.order[0] for w in reversed(queue)}
-        best_score = {(w.team, -w.order[0]): w.order[1] for w in reversed(queue)}
+        candidates = [state for state in self.states if not state.stopped and state.job.preemptible]
+        top_class, best_score = _firsts(queue, {state.job.team for state in candidates})
         stoppable: dict[int, float] = {}
-        for state in self.states:
+        for state in candidates:
             running = state.job
-            if state.stopped or not running.preemptible:
-                continue
             outranked = config.priority_preemption and top_class.get(running.team, -1) > int(running.priority)
             shorter = best_score.get((running.team, int(running.priority)))
             if config.srpt_preemption and shorter is not None and state.score > config.srpt_preempt_ratio * shorter:

@@ -153,3 +153,21 @@ def test_ranks_of_a_queue_in_order_are_those_of_sorting_all_orders() -> None:
         expected = {order: i for i, order in enumerate(sorted(queue + others))}
         assert ranks == [expected[order] for order in queue]
         assert {order: rank[order] for order in others} == {order: expected[order] for order in others}
+
+
+def test_the_first_of_each_team_and_class_read_off_a_queue_in_order_are_those_of_the_whole_queue() -> None:
+    # (scheduler._firsts walks each class's run of the queue only until it has seen every team asked about)
+    from apps.scheduling.scheduler import _firsts
+
+    for seed in range(300):
+        rng = random.Random(seed)
+        orders = sorted(
+            {(-rng.randrange(4), float(rng.randrange(50)), 0.0, rng.randrange(10**6)) for _ in range(rng.randrange(60))}
+        )
+        queue = [Waiting(o[3], o, rng.choice("abcde"), "u", 1, None, 100, 1.0, 1.0) for o in orders]
+        teams = set(rng.sample("abcdef", rng.randrange(7)))
+        top_class = {w.team: -w.order[0] for w in reversed(queue)}
+        best_score = {(w.team, -w.order[0]): w.order[1] for w in reversed(queue)}
+        found_top, found_best = _firsts(queue, teams)
+        assert found_top == {t: c for t, c in top_class.items() if t in teams}
+        assert found_best == {k: v for k, v in best_score.items() if k[0] in teams}

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.ordering import NeverRun, estimate_service, service_estimate
+from apps.scheduling.ordering import EMPTY_HISTORY, NeverRun, estimate_service, service_estimate
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import (
     COLD_THRESHOLDS_S,
@@ -22,6 +22,7 @@ from apps.scheduling.prediction import (
     RuntimeHistory,
     gittins_remaining,
     learn_queues,
+    predict_never_run,
 )
 from apps.scheduling.preemption import protected_run_s
 from apps.scheduling.simulate import team_quotas
@@ -249,3 +250,37 @@ def test_the_pass_shortcut_for_never_run_jobs_gives_the_same_figures(history, jo
             similarity_key=key,
         )
         assert never_run.remaining_gpu_s(job) == service_estimate(job, 0.0, history)[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.none(), histories()),
+    st.lists(
+        st.tuples(
+            st.integers(1, 16),
+            st.sampled_from((1.0, 0.5, 0.25)),
+            st.one_of(st.none(), st.integers(1, 100_000)),
+            st.integers(0, 200_000),
+            st.one_of(st.none(), st.floats(0.01, 10.0)),
+            st.sampled_from((None, "m", "other")),
+            st.sampled_from(("u", "v", "w")),
+            st.one_of(st.none(), st.sampled_from((1, 3600.0, 86_400.0, 1e7))),
+            st.one_of(st.none(), st.sampled_from((2.0, 50.0))),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from((3600.0, 7200)),
+)
+def test_the_pass_figures_of_never_run_jobs_are_their_prediction_and_order(history, jobs, default_s):
+    # (NeverRun.figures: predict_never_run and remaining_gpu_s in one, the same figures, the same types)
+    never_run = NeverRun(history or EMPTY_HISTORY)
+    for job_id, (gpus, share, declared, done, step, key, user, limit, work) in enumerate(jobs):
+        job = pending(
+            job_id, gpus if share == 1.0 else 1, gpu_share=share, declared_steps=declared, steps_done=done,
+            observed_step_s=step, similarity_key=key, user=user, time_limit_s=limit, work_size=work,
+        )
+        expected = (*predict_never_run(job, history, default_s), never_run.remaining_gpu_s(job))
+        figures = never_run.figures(job, default_s)
+        assert figures == expected
+        assert [type(x) for x in figures] == [type(x) for x in expected]
