@@ -158,9 +158,10 @@ def service_estimate(
 
 
 class NeverRun:
-    """service_estimate's remaining GPU-seconds for waiting jobs that never ran (no attained service: most of a
-    long queue), with what is the same for all of them worked out once per pass: their queue (the first) and its
-    weight. The same arithmetic in the same order: the same figures."""
+    """The pass's figures of waiting jobs that never ran (no attained service: most of a long queue), with what is
+    the same for all of them worked out once per pass: their queue (the first) and its weight. The same arithmetic
+    in the same order as prediction.predict_remaining and service_estimate, which own the rules: the same figures
+    (tests/scheduling/test_ordering_properties.py checks them against each other)."""
 
     __slots__ = ("history", "log_remaining", "programs", "weight")
 
@@ -172,8 +173,8 @@ class NeverRun:
         self.programs = history.programs()
 
     def figures(self, job: PendingJob, default_s: float) -> tuple[float, float, float]:
-        """(remaining seconds, confidence) as prediction.predict_never_run(job, history, default_s) gives them, and
-        remaining_gpu_s(job), for a waiting job that never ran: the pass asks all three of nearly every job of a long
+        """(remaining seconds, confidence) as prediction.predict_remaining(job, now, history, default_s) gives them,
+        and service_estimate(job, now, history)[0], for a waiting job that never ran: the pass asks all three of nearly every job of a long
         queue, and they read the same fields of it and the same step time of similar runs, here once (and the
         history not at all for a program it has no runs of: it would answer nothing). prediction._predicted,
         _remaining and _blended written out: the same arithmetic in the same order, the same figures (and min() and
@@ -186,7 +187,7 @@ class NeverRun:
         program = job.similarity_key
         if program is not None and program not in self.programs:
             program = None
-        # -- predict_never_run: the whole run's prediction (_predicted), less the 0 s run (_remaining)
+        # -- predict_remaining: the whole run's prediction (_predicted), less the 0 s run (_remaining)
         confidence: float | None = None
         if step is not None:
             if program is not None:
@@ -218,7 +219,7 @@ class NeverRun:
                 remaining = limit_left
         if remaining <= 0:
             remaining, sure = OVERRUN_FRACTION * 0.0, min(sure, TIME_LIMIT_CONFIDENCE)
-        # -- remaining_gpu_s: the first queue's log remaining, the declaration and similar runs (_blended)
+        # -- service_estimate: the first queue's log remaining, the declaration and similar runs (_blended)
         held = job.gpus if job.gpu_share >= 1.0 else job_gpus_held(job)
         weight = self.weight
         total = (self.log_remaining + math.log(held)) * weight
@@ -241,19 +242,6 @@ class NeverRun:
             if limit_gpu_s < gpu_s:
                 gpu_s = limit_gpu_s
         return remaining, sure, gpu_s
-
-    def remaining_gpu_s(self, job: PendingJob) -> float:
-        """service_estimate(job, ...)[0] for a waiting job whose attained_gpu_seconds is 0 (it has run 0 s)."""
-        history = self.history
-        declared = job.declared_steps
-        step = job.observed_step_s
-        if step is None and job.similarity_key is not None and declared is not None:
-            step = history.step_s(job.user, job.similarity_key, job.gpus)
-        # (past its declaration, a fraction of the 0 s it has run: nothing)
-        left_s = (declared - float(job.steps_done)) * step if declared is not None and step else 0.0
-        held = job_gpus_held(job)
-        weight = self.weight
-        return _blended(job, history, (self.log_remaining + math.log(held)) * weight, weight, held, 0.0, left_s)
 
 
 def _blended(

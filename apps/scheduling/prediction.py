@@ -391,12 +391,6 @@ def predict_remaining(
     return _remaining(job, _predicted(job, history, default_s), now, elapsed, running)
 
 
-def predict_never_run(job: PendingJob, history: RuntimeHistory | None, default_s: float) -> tuple[float, float]:
-    """predict_remaining of a waiting job that never ran (attained_gpu_seconds 0: most of a long queue), without
-    working out the run time that is then nothing: the same figures."""
-    return _remaining(job, _predicted(job, history, default_s), 0.0, 0.0, False)
-
-
 def _remaining(
     job: PendingJob | RunningJob, predicted: _Predicted, now: float, elapsed: float, running: bool
 ) -> tuple[float, float]:

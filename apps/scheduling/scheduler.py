@@ -41,7 +41,7 @@ from apps.scheduling.ordering import (
     service_estimate,
 )
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
-from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_never_run, predict_remaining
+from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
 from apps.scheduling.preemption import (
     PRIORITY,
     RECLAIM,
@@ -280,12 +280,10 @@ class ConsolePass:
         ordered: list[Ranked] = []
         for job in self.snapshot.pending:
             job_id = job.job_id
-            if job.attained_gpu_seconds:
-                expected, confidence = predict_remaining(job, now, history, default_s)
-            elif by_service:
+            if by_service and not job.attained_gpu_seconds:
                 expected, confidence, gpu_s = never_run.figures(job, default_s)
             else:
-                expected, confidence = predict_never_run(job, history, default_s)
+                expected, confidence = predict_remaining(job, now, history, default_s)
             # (max() and aging_boost written out: ten thousand jobs)
             remaining = MIN_DECISION_REMAINING_S if expected < MIN_DECISION_REMAINING_S else expected
             if ordering == "fifo":
@@ -616,9 +614,7 @@ class ConsolePass:
                 continue
             queue.append(Waiting(
                 job_id, (negative_priority, score, submitted_at, job_id), job.team, job.user, job.gpus, job.gpu_type,
-                # (not is_fractional(job), written out)
-                FULL * job.gpus if job.gpus != 1 or job.gpu_share >= 1.0 and job.gpu_memory_mb is None
-                else min_units(job),
+                min_units(job) if is_fractional(job) else FULL * job.gpus,
                 expected, confidence,
                 not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
             ))
@@ -653,7 +649,7 @@ class ConsolePass:
             capacity = self.capacity_reasons[capacity_key] = self._capacity_reason(job)
         if capacity is not None:
             return capacity
-        fractional = job.gpus == 1 and (job.gpu_share < 1.0 or job.gpu_memory_mb is not None)  # (is_fractional)
+        fractional = is_fractional(job)
         need = min_units(job) if fractional else FULL * job.gpus
         user_cap = quota.user_max_gpus.get(job.user) if quota.user_max_gpus else None  # (most teams cap no one)
         user_held = self.user_held[(job.team, job.user)] if user_cap is not None else 0  # (read only with a cap)

@@ -22,7 +22,7 @@ from apps.scheduling.prediction import (
     RuntimeHistory,
     gittins_remaining,
     learn_queues,
-    predict_never_run,
+    predict_remaining,
 )
 from apps.scheduling.preemption import protected_run_s
 from apps.scheduling.simulate import team_quotas
@@ -227,31 +227,6 @@ def test_trace_declarations_column_and_modes(tmp_path):
     assert 0.9 < math.sqrt(sum(x * x for x in noisy) / len(noisy)) < 1.1
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    histories(),
-    st.lists(
-        st.tuples(
-            st.integers(1, 16),
-            st.sampled_from((1.0, 0.5, 0.25)),
-            st.one_of(st.none(), st.integers(1, 100_000)),
-            st.one_of(st.none(), st.floats(0.01, 10.0)),
-            st.sampled_from((None, "m", "other")),
-        ),
-        min_size=1,
-        max_size=12,
-    ),
-)
-def test_the_pass_shortcut_for_never_run_jobs_gives_the_same_figures(history, jobs):
-    never_run = NeverRun(history)
-    for job_id, (gpus, share, declared, step, key) in enumerate(jobs):
-        job = pending(
-            job_id, gpus if share == 1.0 else 1, gpu_share=share, declared_steps=declared, observed_step_s=step,
-            similarity_key=key,
-        )
-        assert never_run.remaining_gpu_s(job) == service_estimate(job, 0.0, history)[0]
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     st.one_of(st.none(), histories()),
@@ -273,14 +248,17 @@ def test_the_pass_shortcut_for_never_run_jobs_gives_the_same_figures(history, jo
     st.sampled_from((3600.0, 7200)),
 )
 def test_the_pass_figures_of_never_run_jobs_are_their_prediction_and_order(history, jobs, default_s):
-    # (NeverRun.figures: predict_never_run and remaining_gpu_s in one, the same figures, the same types)
+    # (NeverRun.figures: predict_remaining and service_estimate of a job that has run 0 s, the same figures and types)
     never_run = NeverRun(history or EMPTY_HISTORY)
     for job_id, (gpus, share, declared, done, step, key, user, limit, work) in enumerate(jobs):
         job = pending(
             job_id, gpus if share == 1.0 else 1, gpu_share=share, declared_steps=declared, steps_done=done,
             observed_step_s=step, similarity_key=key, user=user, time_limit_s=limit, work_size=work,
         )
-        expected = (*predict_never_run(job, history, default_s), never_run.remaining_gpu_s(job))
+        expected = (
+            *predict_remaining(job, 0.0, history, default_s),
+            service_estimate(job, 0.0, history or EMPTY_HISTORY)[0],
+        )
         figures = never_run.figures(job, default_s)
         assert figures == expected
         assert [type(x) for x in figures] == [type(x) for x in expected]
