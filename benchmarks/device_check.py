@@ -1,6 +1,6 @@
 """The checks that need a real NVIDIA GPU, in one short run for a lent GPU machine (no console, no database).
 
-    python3 benchmarks/device_check.py [--seconds 10] [--preset-steps 150] [--skip-presets]
+    python3 benchmarks/device_check.py [--seconds 10] [--preset-steps 300] [--skip-presets]
 
 1. The NVML backend (workers/agent/gpus/nvml.py) on the real driver: the devices and driver it finds, then one
    sample a second while a bf16 matrix-product load runs on GPU 0 under the agent's job shim, with the job's
@@ -111,7 +111,7 @@ def container(uuid: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--preset-steps", type=int, default=150)
+    parser.add_argument("--preset-steps", type=int, default=300)
     parser.add_argument("--skip-presets", action="store_true")
     args = parser.parse_args()
     nvml_under_load(args.seconds)
