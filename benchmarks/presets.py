@@ -12,8 +12,8 @@ Reading the table: samples/s leaves out the first step (compilation, warm-up). O
 longer (which part of it was not measured): on an H200, tiny-lm large, `throughput` read 0.84x baseline-fp32
 over 150 steps and 2.76x over 600 (amp-bf16 1.26x and 2.46x), so use --steps 300 (the default on cuda) or more.
 On the CPU, "peak" is the process's peak RSS (torch itself is ~0.4 GiB of it) and "+mem" its growth during
-training; on a GPU both are torch.cuda.max_memory_allocated. ddp/fsdp rows are for N processes together (each with the full
-per-process batch, so N times the samples per step); distill trains a half-width student after a teacher
+training; on a GPU both are torch.cuda.max_memory_allocated. ddp/fsdp rows are for N processes together (each
+with the full per-process batch, so N times the samples per step); distill trains a half-width student after a teacher
 (its samples/s is the student's).
 """
 
