@@ -126,7 +126,7 @@ def evaluate_gpu_samples(host: Host, gpus: list[dict[str, Any]], maps: Any, now:
                 if since is None:
                     started[key] = since = now
                 if now - since >= rule.duration_s and (rule.id, subject) not in rules.open:
-                    _fire_for_gpu(rule, host, gpu, maps, subject, value)
+                    _fire_for_gpu(rule, host, gpu, maps, subject, value, since, now)
             else:
                 if key in pending:
                     cleared.append(key)
@@ -150,14 +150,25 @@ def _describe(rule: RuleView, host: Host, gpu: dict[str, Any], value: float | No
             f"(threshold {rule.threshold:.0f} %)")
 
 
-def _fire_for_gpu(rule: RuleView, host: Host, gpu: dict[str, Any], maps: Any, subject: str, value: float | None):
+def _fire_for_gpu(rule: RuleView, host: Host, gpu: dict[str, Any], maps: Any, subject: str, value: float | None,
+                  since: float, now: float) -> Alert | None:
     info = maps.gpus[gpu["uuid"]]
     job_id = gpu["job"]
     team_id = None
     if job_id is not None:
         from apps.jobs.models import Job
 
-        team_id = Job.objects.filter(pk=job_id).values_list("team_id", flat=True).first()
+        found = Job.objects.filter(pk=job_id).values_list("team_id", "state", "placed_at").first()
+        if found is None:
+            return None
+        team_id, state, placed_at = found
+        if rule.kind == AlertRule.Kind.JOB_IDLE and (
+            state not in Job.HOLDING_STATES
+            or (placed_at is not None and now - max(since, placed_at.timestamp()) < rule.duration_s)
+        ):
+            # A sample of a run that is over (the host's GPU-to-job map is cached for MAP_TTL_S), or a run placed
+            # again whose idle time is counted from its placement, not from its earlier run's.
+            return None
     message = _describe(rule, host, gpu, value)
     if job_id is not None and idle_release.applies(rule, team_id):
         message += idle_release.warning_suffix()

@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.test import Client
 from django.utils import timezone
 
@@ -258,6 +259,45 @@ def test_idle_release_warns_waits_its_grace_checkpoints_then_releases(
     assert not job.allocations.filter(released_at__isnull=True).exists()
     reap()
     assert Alert.objects.get(pk=alert.pk).state == "resolved"
+
+
+def test_a_late_idle_sample_of_a_released_job_fires_nothing(world, sim_host, release_rule, settings, monkeypatch):
+    # CI once saw two idle alerts for one job: a sample posted after the release, its GPU still mapped to the job
+    # by the host's cached map, fired the rule again (its pending start kept from the first alert).
+    monkeypatch.setattr(services, "MAP_TTL_S", 3600.0)  # (the map cached for the whole test, as within 2 s)
+    settings.IDLE_RELEASE_GRACE_S = 0
+    _, client = sim_host
+    job = running_on_sim(world)
+    send(client, [gpu_sample(0, util=1.0)])
+    alert = Alert.objects.get(rule=release_rule)
+    assert idle_release.release_due(alert.started_at + timedelta(seconds=1)) == 1
+    sim = Host.objects.get(name="sim-t")
+    job_services.job_report_status(host=sim, job_id=job.pk, status=JobStatus("preempted", 1, exit_code=0))
+    reap()
+    assert Alert.objects.get(pk=alert.pk).state == "resolved"
+    events = reasons(job)
+    send(client, [gpu_sample(0, util=1.0)])
+    assert list(Alert.objects.filter(rule=release_rule).values_list("pk", flat=True)) == [alert.pk]
+    assert reasons(job) == events
+
+
+def test_a_job_placed_again_is_idle_only_after_the_rules_duration_in_its_new_run(world, sim_host):
+    _, client = sim_host
+    job = running_on_sim(world)
+    rule = AlertRule.objects.get(kind="job_idle")
+    AlertRule.objects.filter(pk=rule.pk).update(duration_s=600)
+    alerts.reload_rules()
+    send(client, [gpu_sample(0, util=1.0)])  # idle from now on, in this run
+    assert not Alert.objects.filter(rule=rule).exists()
+    # Long idle in its first run (the pending start is 20 minutes old), but placed again a minute ago.
+    key = alerts._pending_key(rule.pk, f"job:{job.pk}:{gpu_sample(0)['uuid']}")
+    cache.set(key, cache.get(key) - 1200)
+    Job.objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(seconds=60))
+    send(client, [gpu_sample(0, util=1.0)])
+    assert not Alert.objects.filter(rule=rule).exists()
+    Job.objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(seconds=1200))
+    send(client, [gpu_sample(0, util=1.0)])
+    assert Alert.objects.filter(rule=rule, job=job).count() == 1
 
 
 def test_an_idle_job_that_gets_busy_in_its_grace_is_not_released(world, sim_host, release_rule, settings):
