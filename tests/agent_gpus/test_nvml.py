@@ -61,6 +61,21 @@ def test_real_nvml_without_driver_falls_back_to_simulated(caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@needs_no_driver
+def test_make_runs_agent_simulates_only_without_a_driver_and_simulate_still_wins():
+    from workers.agent import main
+
+    without = main.open_gpu_backend(main.parse_args(["--name", "local", "--simulate-without-driver", "2xH200"]))
+    forced = main.open_gpu_backend(main.parse_args(["--name", "local", "--simulate-without-driver", "2xH200",
+                                                    "--simulate", "1xA100"]))
+    try:
+        assert [d.gpu_type for d in without.devices()] == ["H200", "H200"]
+        assert [d.gpu_type for d in forced.devices()] == ["A100"]
+    finally:
+        without.close()
+        forced.close()
+
+
 def test_bad_fallback_spec_is_rejected_up_front():
     with pytest.raises(ValueError, match="COUNTxTYPE"):
         open_backend(None, fallback_simulate="lots of GPUs")

@@ -2,6 +2,7 @@
 
     gpu-agent --console-url http://console:8000 --broker redis://redis:6379/1 --token-file /etc/gpu-agent/token
     gpu-agent --simulate 4xH200 ...        # simulated GPUs, for machines without an NVIDIA driver
+    gpu-agent --simulate-without-driver 4xH200 ...   # the real GPUs where a driver answers, else simulated
     gpu-agent --runtime podman --volume-root /data ...   # jobs that name an image run in OCI containers
 """
 
@@ -65,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="file holding the host token (or set GPU_AGENT_TOKEN)")
     parser.add_argument("--simulate", default=os.environ.get("GPU_AGENT_SIMULATE"),
                         help="simulated GPUs, e.g. 4xH200 (default: NVML)")
+    parser.add_argument("--simulate-without-driver", metavar="SPEC",
+                        default=os.environ.get("GPU_AGENT_SIMULATE_WITHOUT_DRIVER"),
+                        help="NVML's GPUs where an NVIDIA driver answers, else these simulated ones, with a warning "
+                             "(make run's agent)")
     parser.add_argument("--work-dir", default=os.environ.get("GPU_AGENT_WORK_DIR"),
                         help="where job working directories go (default: var/agent/<name>)")
     parser.add_argument("--artifacts", default=os.environ.get("CONSOLE_ARTIFACTS", "var/artifacts"),
@@ -203,7 +208,8 @@ def open_gpu_backend(args: argparse.Namespace) -> GpuBackend:
     from workers.agent.gpus import NoGpuBackend, open_backend
 
     try:
-        return open_backend(args.simulate, host_name=args.name, fault_file=args.fault_file)
+        return open_backend(args.simulate, host_name=args.name, fault_file=args.fault_file,
+                            fallback_simulate=args.simulate_without_driver)
     except NoGpuBackend as exc:
         raise SystemExit(f"gpu-agent: {exc}") from None
 
