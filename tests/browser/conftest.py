@@ -128,7 +128,8 @@ def page_for(browser, live_server):
         context.set_default_timeout(30_000)  # a busy machine: only "never" fails
         if user is not None:
             client = Client()
-            client.force_login(user)
+            # (an earlier page of the test may still be fetching: the session's write waits for its read)
+            write_beside_the_live_server(lambda: client.force_login(user))
             context.add_cookies([{"name": settings.SESSION_COOKIE_NAME,
                                   "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
                                   "url": live_server.url}])
