@@ -181,12 +181,20 @@ def test_a_deleted_services_latency_alert_resolves(world, client_for):
     assert Alert.objects.get(pk=alert.pk).state == "resolved"
 
 
+def idle_rule(*, duration_s: int, action: str | None = None) -> AlertRule:
+    """The default job-idle rule with the test's duration (and action), as the alert code reads it."""
+    rule = AlertRule.objects.get(kind=AlertRule.Kind.JOB_IDLE)
+    rule.duration_s = duration_s
+    rule.action = action or rule.action
+    rule.save()
+    alerts.reload_rules()
+    return rule
+
+
 def test_a_job_alert_of_an_earlier_attempt_resolves(world, sim_host):
     _, client = sim_host
     job = run_job_on_sim(world)
-    rule = AlertRule.objects.get(kind="job_idle")
-    AlertRule.objects.filter(pk=rule.pk).update(duration_s=0)
-    alerts.reload_rules()
+    rule = idle_rule(duration_s=0)
     send(client, [gpu_sample(0, util=1.0)])
     alert = Alert.objects.get(rule=rule)
     reap()
@@ -202,12 +210,7 @@ def test_a_job_alert_of_an_earlier_attempt_resolves(world, sim_host):
 
 @pytest.fixture
 def release_rule(world):
-    rule = AlertRule.objects.get(kind="job_idle")
-    rule.duration_s = 0
-    rule.action = AlertRule.Action.RELEASE_JOB
-    rule.save()
-    alerts.reload_rules()
-    return rule
+    return idle_rule(duration_s=0, action=AlertRule.Action.RELEASE_JOB)
 
 
 def running_on_sim(world) -> Job:
@@ -284,9 +287,7 @@ def test_a_late_idle_sample_of_a_released_job_fires_nothing(world, sim_host, rel
 def test_a_job_placed_again_is_idle_only_after_the_rules_duration_in_its_new_run(world, sim_host):
     _, client = sim_host
     job = running_on_sim(world)
-    rule = AlertRule.objects.get(kind="job_idle")
-    AlertRule.objects.filter(pk=rule.pk).update(duration_s=600)
-    alerts.reload_rules()
+    rule = idle_rule(duration_s=600)
     send(client, [gpu_sample(0, util=1.0)])  # idle from now on, in this run
     assert not Alert.objects.filter(rule=rule).exists()
     # Long idle in its first run (the pending start is 20 minutes old), but placed again a minute ago.
