@@ -74,13 +74,16 @@ def victim_kind(
         return RECLAIM
     if victim.protected or not running.preemptible or running.team != job.team:
         return None
-    if config.priority_preemption and running.priority < job.priority:
+    return outranks(int(job.priority), job_score, int(running.priority), victim.score, config)
+
+
+def outranks(job_priority: int, job_score: float, victim_priority: int, victim_score: float,
+             config: PolicyConfig) -> str | None:
+    """Why a waiting job may stop a running job of its own team by their classes and scores (PRIORITY or SHORTER),
+    protection aside; None if it may not."""
+    if config.priority_preemption and victim_priority < job_priority:
         return PRIORITY
-    if (
-        config.srpt_preemption
-        and running.priority == job.priority
-        and victim.score > config.srpt_preempt_ratio * job_score
-    ):
+    if config.srpt_preemption and victim_priority == job_priority and victim_score > config.srpt_preempt_ratio * job_score:
         return SHORTER
     return None
 

@@ -33,6 +33,7 @@ from apps.scheduling.estimate import Order, Waiting, expected_arrivals, start_ti
 from apps.scheduling.estimate import Release as EndsAt
 from apps.scheduling.ordering import (
     EMPTY_HISTORY,
+    SERVICE_QUANTILES,
     FairShare,
     NeverRun,
     ServiceEstimate,
@@ -48,6 +49,7 @@ from apps.scheduling.preemption import (
     SHORTER,
     RunState,
     VictimIndex,
+    outranks,
     plan_preemption,
     protected_run_s,
     victim_candidates,
@@ -783,9 +785,14 @@ class ConsolePass:
             for team, q in quotas.items()
             for user, cap in q.user_max_gpus.items()
         }
+        config = self.config
+
+        def may_stop(job: Order, victim: Order) -> bool:
+            return outranks(-job[0], job[1], -victim[0], victim[1], config) is not None
+
         starts = start_times(
             self.now, free_by_type, capacity, team_room, user_room, self._ends(queue), queue,
-            expected_arrivals(self.now, self._recent(queue)),
+            expected_arrivals(self.now, self._recent(queue)), may_stop,
         )
         pending = self.pending
         # confidence -> rounded to 2 places: round() goes through a decimal string, and a pass has few confidences
@@ -851,23 +858,56 @@ class ConsolePass:
             replace(w, fixed_start=head.start, fixed_confidence=sure) if w.job_id == head.job_id else w for w in queue
         ]
 
-    def _stoppable_at(self, queue: list[Waiting]) -> dict[int, float]:
+    def _stoppable_at(self, queue: list[Waiting]) -> dict[int, tuple[float, float | None]]:
         """Running job id -> when a waiting job may stop it (preemption.py's rules for its own team: a higher
-        class, or a much shorter job of its class), no earlier than its minimum run time allows."""
+        class, or a much shorter job of its class), no earlier than its minimum run time allows, and its score
+        then if it is not its score now (it will have moved on to a longer attained-service queue)."""
         config = self.config
         candidates = [state for state in self.states if not state.stopped and state.job.preemptible]
         top_class, best_score = _firsts(queue, {state.job.team for state in candidates})
-        stoppable: dict[int, float] = {}
+        stoppable: dict[int, tuple[float, float | None]] = {}
         for state in candidates:
             running = state.job
-            outranked = config.priority_preemption and top_class.get(running.team, -1) > int(running.priority)
-            shorter = best_score.get((running.team, int(running.priority)))
-            if config.srpt_preemption and shorter is not None and state.score > config.srpt_preempt_ratio * shorter:
-                outranked = True
+            priority = int(running.priority)
+            shorter = best_score.get((running.team, priority))
+            outranked = (
+                outranks(top_class.get(running.team, -1), 0.0, priority, state.score, config) == PRIORITY
+                or (shorter is not None and outranks(priority, shorter, priority, state.score, config) is not None)
+            )
+            protection_ends = running.started_at + protected_run_s(running.preemption_count, config)
             if outranked:
-                protection = protected_run_s(running.preemption_count, config)
-                stoppable[running.job_id] = max(self.now, running.started_at + protection)
+                stoppable[running.job_id] = (max(self.now, protection_ends), None)
+            elif shorter is not None and config.srpt_preemption and config.ordering == "shortest-remaining":
+                moves_on = self._outranked_after_moving_on(state, config.srpt_preempt_ratio * shorter)
+                if moves_on is not None:
+                    stoppable[running.job_id] = (max(moves_on[0], protection_ends), moves_on[1])
         return stoppable
+
+    def _outranked_after_moving_on(self, state: RunState, bar: float) -> tuple[float, float] | None:
+        """When a running job, not a victim now, moves on to an attained-service queue where its score passes
+        `bar` (a waiting job of its team and class that much shorter may then stop it), and its score there;
+        None if it does not before its predicted end."""
+        service = self.service.get(state.job.job_id)
+        if service is None or service.next_floor is None:
+            return None
+        job = state.job
+        queues = (self.snapshot.history or EMPTY_HISTORY).service_queues(SERVICE_QUANTILES)
+        held = job_gpus_held(job)
+        if held <= 0:
+            return None
+        attained = attained_gpu_seconds(job, self.now)
+        ends = self.now + state.remaining_s
+        penalty = self.fair.penalty(job.team, job.user)
+        for queue in queues[service.queue + 1:]:
+            at = self.now + max(0.0, queue.floor * held - attained) / held
+            if at >= ends:
+                return None
+            # (the order's estimate as the pass then will make it: ordering.service_estimate at that moment)
+            score = (service_estimate(job, at, self.snapshot.history or EMPTY_HISTORY)[0] * penalty
+                     / aging_boost(job.submitted_at, at, self.config.aging_s))
+            if score > bar:
+                return at, score
+        return None
 
     def _ends(self, queue: list[Waiting]) -> list[EndsAt]:
         """When running jobs (and those placed in this pass) give their GPUs and quota back: at their predicted
@@ -888,13 +928,17 @@ class ConsolePass:
             confidence = self.confidence.get(job.job_id, 0.0)
             end = self.now + remaining
             requeue = None
-            stop_at = stoppable.get(job.job_id)
-            if stop_at is not None and stop_at < end:
-                left = remaining - (stop_at - self.now)
-                order = (-int(job.priority), self._score(job, left), job.submitted_at, job.job_id)
-                requeue = self._waiting_entry(job, left, order)
-                end, confidence = stop_at, 1.0
+            stop_from, score_then = stoppable.get(job.job_id, (None, None))
             fractional = units < FULL
+            if stop_from is not None and stop_from < end:
+                left = remaining - (stop_from - self.now)
+                score = self._score(job, left) if score_then is None else score_then
+                order = (-int(job.priority), score, job.submitted_at, job.job_id)
+                requeue = self._waiting_entry(job, left, order)
+                if fractional or (gpu_ids and gpu_ids[0] in self.free.used):
+                    end, confidence, stop_from = stop_from, 1.0, None  # (on a shared GPU: stopped then)
+            else:
+                stop_from = None
             team_units = units * len(gpu_ids)
             if fractional or (gpu_ids and gpu_ids[0] in self.free.used):
                 # quota back at its own end; the GPU when the last fraction on it ends
@@ -909,12 +953,15 @@ class ConsolePass:
                 if where is not None:
                     counts[where[1]] += 1
             if not counts:  # on GPUs that take no new jobs: only the quota comes back
+                if stop_from is not None:
+                    end, confidence = stop_from, 1.0
                 ends.append(EndsAt(end, None, 0, job.team, job.user, team_units, confidence, requeue))
                 continue
             first = True
             for gpu_type, n in counts.items():
+                # (a job a waiting job may stop: the replay stops it then only for a job its GPUs let start)
                 ends.append(EndsAt(end, gpu_type, n, job.team, job.user, team_units if first else 0, confidence,
-                                   requeue if first else None))
+                                   requeue if first else None, stop_from if first else None))
                 first = False
         for gpu_id, (end, confidence) in shared_end.items():
             where = self.free.location.get(gpu_id)

@@ -4,12 +4,13 @@ and work size, confidence, and a reason that agrees with the position."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.estimate import Release, Waiting, _ranks, estimate_starts
+from apps.scheduling.estimate import Release, Waiting, _ranks, estimate_starts, start_times
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory, predict_total_s
 from apps.scheduling.similarity import similarity_key, work_size
@@ -112,6 +113,48 @@ def test_confidence_follows_how_good_past_predictions_were():
         erratic.record("u", "k", FinishedRun(1, 10.0 if i % 2 else 1000.0))
     assert steady.runtime_estimate("u", "k", 1)[1] == 1.0
     assert erratic.runtime_estimate("u", "k", 1)[1] < 0.5
+
+
+def test_running_jobs_are_stopped_together_for_the_job_their_gpus_let_start():
+    """An urgent 2-GPU job may stop two low ones, one after 50 s and one after 100 s (their minimum run time): it
+    starts at 100 s, when both together make room. (Stopped one by one, the first went back to its GPU at 50 s,
+    the job stopped after it too, and the estimate was the end of their runs, hours later.)"""
+    now = 100_000.0
+    config = PolicyConfig(min_run_before_preempt_s=600)
+    first = steps_running(10, (0,), now, 10_000, priority=Priority.LOW, started_at=now - 550)
+    second = steps_running(11, (1,), now, 10_000, priority=Priority.LOW, started_at=now - 500)
+    snap = snapshot(hosts(1, 2), [pending(1, 2, priority=Priority.URGENT)], [first, second], now=now)
+    decisions = schedule(snap, config)
+    assert not decisions.placements and not decisions.preemptions
+    assert decisions.pending[1].estimated_start == pytest.approx(now + 100)
+
+
+def test_a_running_job_is_expected_to_be_stopped_once_it_moves_on_to_a_longer_queue():
+    """Without declarations: half the finished runs took 100 s and half a day. A job that has run 50 s is in the
+    first attained-service queue, as short as the waiting job, so no victim now; at 100 s it moves on to a queue
+    of day-long runs and may be stopped, once it has run its 600 s: the waiting job's estimate says so, not its
+    predicted end."""
+    now = 100_000.0
+    history = RuntimeHistory()
+    for n in range(60):
+        history.record("u", "", FinishedRun(1, 100.0 if n % 2 else 86_400.0))
+    snap = snapshot(hosts(1, 1), [pending(1, submitted_at=now)], [running(10, (0,), started_at=now - 50)], now=now)
+    snap = replace(snap, history=history)
+    decisions = schedule(snap, PolicyConfig(min_run_before_preempt_s=600))
+    assert not decisions.preemptions
+    assert decisions.pending[1].estimated_start == pytest.approx(now + 550)
+
+
+def test_the_replay_stops_a_job_only_for_one_that_may_stop_it():
+    """Told that a running job may be stopped from 10 s on, the replay stops it for a waiting job ranked before it
+    that may (the pass's rule, given as may_stop), and not for one that may not."""
+    stoppable = Waiting(2, (0, 5.0, 0.0, 2), "a", "u", 1, "x", 100, 90.0, 1.0)
+    ends = [Release(100.0, "x", 1, "a", "u", 100, 0.5, stoppable, stop_from=10.0)]
+    job = Waiting(1, (0, 1.0, 0.0, 1), "a", "u", 1, "x", 100, 50.0, 1.0)
+    free, capacity, room = {"x": 0}, {"x": 1}, {"a": 1000}
+    assert start_times(0.0, free, capacity, room, {}, ends, [job])[1] == (10.0, 1.0)
+    refuse = start_times(0.0, free, capacity, room, {}, ends, [job], may_stop=lambda job, victim: False)
+    assert refuse[1] == (100.0, 0.5)
 
 
 def test_the_first_in_the_queue_is_not_told_of_jobs_ahead():
