@@ -340,17 +340,24 @@ def start_times(
             if not members:
                 del pool[gpu_type]  # (until a victim joins it again: no search while no pool has any)
                 continue
-            # per team with victims here: their GPUs, units and latest rank (a job ranked after it stops none)
+            # per team with victims here: their GPUs, units and latest rank (a job ranked after it stops none), and
+            # the victims, the last ranked first (the order they are stopped in)
             by_team: dict[str, list[int]] = {}
+            team_victims: dict[str, list[int]] = {}
             for n in members:
                 r, victim_rank = victims[n][0], victims[n][1]
-                mine = by_team.get(r.team)
-                if mine is None:
+                totals = by_team.get(r.team)
+                if totals is None:
                     by_team[r.team] = [r.gpus, r.units, victim_rank]
+                    team_victims[r.team] = [n]
                 else:
-                    mine[0] += r.gpus
-                    mine[1] += r.units
-                    mine[2] = max(mine[2], victim_rank)
+                    totals[0] += r.gpus
+                    totals[1] += r.units
+                    if victim_rank > totals[2]:
+                        totals[2] = victim_rank
+                    team_victims[r.team].append(n)
+            for listed in team_victims.values():
+                listed.sort(key=lambda n: -victims[n][1])
             room = free[gpu_type]
             # the first jobs of the buckets of those teams offered for this type, and of those parked on their
             # team's quota that its victims' units would let start, each if all its team's victims could make room
@@ -369,21 +376,19 @@ def start_times(
                         firsts.append((-negative_rank, b))
             for first_rank, b in sorted(firsts):
                 job = buckets[b][-1][2]
-                mine = sorted(
-                    (n for n in members if victims[n][0].team == job.team and victims[n][1] > first_rank
-                     and (may_stop is None or may_stop(job.order, victims[n][3]))),
-                    key=lambda n: -victims[n][1])
                 gpus, units = room, team_room[job.team] if job.quota_bound else job.units
-                if not mine or (gpus + sum(victims[n][0].gpus for n in mine) < job.gpus
-                                or units + sum(victims[n][0].units for n in mine) < job.units):
-                    continue
-                for n in mine:
-                    if gpus >= job.gpus and units >= job.units:
+                chosen = []
+                for n in team_victims[job.team]:
+                    if gpus >= job.gpus and units >= job.units or victims[n][1] <= first_rank:
                         break
-                    stop(n, clock)
-                    gpus += victims[n][0].gpus
-                    units += victims[n][0].units
-                return True
+                    if may_stop is None or may_stop(job.order, victims[n][3]):
+                        chosen.append(n)
+                        gpus += victims[n][0].gpus
+                        units += victims[n][0].units
+                if chosen and gpus >= job.gpus and units >= job.units:
+                    for n in chosen:
+                        stop(n, clock)
+                    return True
             searched[gpu_type] = (free[gpu_type], joined, new_firsts, {team: team_room[team] for team in by_team})
         return False
 
@@ -529,8 +534,12 @@ def start_times(
                 review(b)
         if not unplaced or not (reserved or queued) or not (events or freed or due):
             break
-        next_at = min(freed[0] if freed else INFINITY, events[0][0] if events else INFINITY,
-                      due[0][0] if due else INFINITY)
+        # (the earliest of the next release, event and victim due, written out: ten thousand moments a pass)
+        next_at = freed[0] if freed else INFINITY
+        if events and events[0][0] < next_at:
+            next_at = events[0][0]
+        if due and due[0][0] < next_at:
+            next_at = due[0][0]
         if next_at > clock:
             clock = next_at
     for job_id in unplaced:
