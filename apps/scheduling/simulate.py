@@ -175,6 +175,7 @@ def simulate(
     config: PolicyConfig | None = None,
     switch_overhead: float = 0.0,
     packing: PackingConfig | None = None,
+    pass_interval_s: float | None = None,
 ) -> Summary:
     config = config or PolicyConfig()
     num_hosts, per_host = parse_cluster(cluster)
@@ -190,6 +191,7 @@ def simulate(
         config,
         console_view=True,
         switch_overhead=switch_overhead,
+        pass_interval_s=pass_interval_s,
     )
     sim.decide = make_decider(policy, sim, config, packing)
     return summarize(sim.run(policy))
@@ -257,6 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "noisy (lognormal sigma 1), partial (30%% declare nothing) or none",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the noisy and partial declarations")
+    parser.add_argument(
+        "--pass-interval-s", type=float, default=None,
+        help="also pass at least this often while jobs wait (the console's beat); default: only at arrivals, "
+        "ends and the pass's wake-ups",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -266,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = {}
     for name in parse_policies(args.policy):
         started = time.perf_counter()
-        summaries.append(simulate(jobs, args.cluster, name, args.preempt_cost_s, None, args.switch_overhead))
+        summaries.append(simulate(jobs, args.cluster, name, args.preempt_cost_s, None, args.switch_overhead,
+                                  pass_interval_s=args.pass_interval_s))
         seconds[name] = time.perf_counter() - started
     if args.json:
         print(
