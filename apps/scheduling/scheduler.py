@@ -263,9 +263,15 @@ class ConsolePass:
             else:
                 service = estimate_service(job, self.now, self.snapshot.history)
                 self.service[job.job_id] = service
-                score = service.remaining_gpu_s * penalty / boost
+                score = self._service_score(job, self.now, service.remaining_gpu_s)
         self.scores[job.job_id] = score
         return score
+
+    def _service_score(self, job: PendingJob | RunningJob, at: float, remaining_gpu_s: float) -> float:
+        """A job's score under shortest-remaining at `at`: its remaining GPU-time x its fair-share penalty, over its
+        aging boost then."""
+        penalty = self.fair.penalty(job.team, job.user)
+        return remaining_gpu_s * penalty / aging_boost(job.submitted_at, at, self.config.aging_s)
 
     def _ranked(self) -> list[Ranked]:
         """The waiting jobs in pass order, each with its predicted remaining time (as _remaining) and its score
@@ -897,14 +903,12 @@ class ConsolePass:
             return None
         attained = attained_gpu_seconds(job, self.now)
         ends = self.now + state.remaining_s
-        penalty = self.fair.penalty(job.team, job.user)
         for queue in queues[service.queue + 1:]:
             at = self.now + max(0.0, queue.floor * held - attained) / held
             if at >= ends:
                 return None
             # (the order's estimate as the pass then will make it: ordering.service_estimate at that moment)
-            score = (service_estimate(job, at, self.snapshot.history or EMPTY_HISTORY)[0] * penalty
-                     / aging_boost(job.submitted_at, at, self.config.aging_s))
+            score = self._service_score(job, at, service_estimate(job, at, self.snapshot.history or EMPTY_HISTORY)[0])
             if score > bar:
                 return at, score
         return None
