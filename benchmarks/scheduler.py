@@ -6,7 +6,7 @@ that started within 25 % of their wait from the estimate.
 
     python benchmarks/scheduler.py [--traces-dir ../shared/traces] [--traces trace3,trace4,trace1]
         [--declarations exact,noisy,partial,none] [--policies all|NAME,...] [--seed 0] [--load 0.5,1,1.5]
-        [--runtime-model muri|duration] [--preempt-cost-s 30] [--passes 9] [--skip-traces]
+        [--runtime-model muri|duration] [--preempt-cost-s 30] [--pass-interval-s 300] [--passes 9] [--skip-traces]
 
 A trace name is looked up as muri/NAME.csv under --traces-dir, then under benchmarks/traces (further public Muri
 traces kept with the code: trace2, the *_pr variants, job_type_1..3; see benchmarks/traces/muri/README.md).
@@ -15,6 +15,8 @@ pollux-w1..w8 at their normal load, pollux-2.0-w1 from their 2x set; `pollux` al
 on Pollux's cluster of 16 nodes x 4 GPUs, for their duration column (Muri's 1.5 % slowdown is not theirs).
 --load scales the gaps between submissions (apps/scheduling/trace.py with_load): 2 packs the arrivals twice as
 densely (twice the offered load), 0.5 spreads them; the published figures are printed beside load 1 only.
+Every policy's simulator passes at arrivals, ends, its own wake-ups and at least every --pass-interval-s while jobs
+wait and others run (apps/scheduling/simulate.py BEAT_S, 300 s; 0 turns the beat off), as the console's beat does.
 
 Each trace runs under every declaration mode (apps/scheduling/trace.py with_declarations: what jobs declare of
 their steps; the truth is unchanged): the policies that read declarations (fifo-backfill, console,
@@ -42,7 +44,7 @@ if str(REPO) not in sys.path:
 from apps.scheduling.metrics import Summary  # noqa: E402
 from apps.scheduling.packing import PackingConfig  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
-from apps.scheduling.simulate import POLICY_NAMES, simulate  # noqa: E402
+from apps.scheduling.simulate import BEAT_S, POLICY_NAMES, simulate  # noqa: E402
 from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
 from apps.scheduling.trace import (  # noqa: E402
     DECLARATION_MODES,
@@ -173,6 +175,7 @@ def run_traces(
     policies: list[str],
     seed: int,
     loads: list[float],
+    beat_s: float | None = BEAT_S,
 ) -> None:
     published_figures = published(traces_dir)
     for trace in expand_traces(traces):
@@ -191,6 +194,7 @@ def run_traces(
                 policies,
                 seed,
                 cluster,
+                beat_s,
             )
     packing = PackingConfig()
     print(
@@ -212,6 +216,7 @@ def run_trace(
     policies: list[str],
     seed: int,
     cluster: str = MURI_CLUSTER,
+    beat_s: float | None = BEAT_S,
 ) -> None:
     """Every policy on one trace at one load, a table per declaration mode."""
     once: dict[str, tuple[Summary, float]] = {}
@@ -220,7 +225,7 @@ def run_trace(
         jobs = with_declarations(truth, mode, seed)
         print(
             f"\n## {trace} ({len(jobs)} jobs, {cluster} GPUs, load x{load:g}, runtime model {runtime_model}, "
-            f"declarations {mode})"
+            f"declarations {mode}, {f'a pass at least every {beat_s:g} s' if beat_s else 'no beat'})"
         )
         print(
             f"{'policy':<16}{'avg JCT h':>10}{'(publ.)':>9}{'p99 h':>9}{'(publ.)':>9}{'makespan h':>11}"
@@ -234,7 +239,7 @@ def run_trace(
                 summary, elapsed = once[name]
             else:
                 started = time.perf_counter()
-                summary = simulate(jobs, cluster, name)
+                summary = simulate(jobs, cluster, name, pass_interval_s=beat_s)
                 elapsed = time.perf_counter() - started
                 if name in UNDECLARED_POLICIES:
                     once[name] = (summary, elapsed)
@@ -262,7 +267,7 @@ def run_trace(
         for costly_name in ("console", "console-share"):
             if preempt_cost_s <= 0 or costly_name not in policies:
                 continue
-            costly = simulate(jobs, cluster, costly_name, preempt_cost_s)
+            costly = simulate(jobs, cluster, costly_name, preempt_cost_s, pass_interval_s=beat_s)
             label = f"{costly_name} @{preempt_cost_s:g}s"
             width = 10 - max(0, len(label) - 15)  # keep the columns aligned under a long label
             print(
@@ -313,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", default="trace3,trace4,trace1")
     parser.add_argument("--runtime-model", choices=("muri", "duration"), default="muri")
     parser.add_argument("--preempt-cost-s", type=float, default=30.0, help="also run console with this cost")
+    parser.add_argument(
+        "--pass-interval-s", type=float, default=BEAT_S,
+        help=f"the simulated console beat (default {BEAT_S:g}); 0: passes only at events and wake-ups",
+    )
     parser.add_argument("--passes", type=int, default=9)
     parser.add_argument("--skip-traces", action="store_true")
     parser.add_argument("--declarations", default="exact,noisy,partial,none", help="comma list of modes")
@@ -328,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--load: expected a comma list of numbers, not {args.load!r}")
     if not loads or any(f <= 0 for f in loads):
         parser.error("--load: every factor must be positive")
+    if args.pass_interval_s < 0:
+        parser.error("--pass-interval-s: expected 0 (no beat) or a positive number of seconds")
     modes = [m for m in args.declarations.split(",") if m]
     unknown = [m for m in modes if m not in DECLARATION_MODES]
     if unknown:
@@ -347,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             policies,
             args.seed,
             loads,
+            args.pass_interval_s or None,
         )
     time_pass(args.passes)
     return 0

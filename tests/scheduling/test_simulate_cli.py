@@ -39,6 +39,19 @@ def test_a_pass_interval_passes_while_jobs_wait_as_the_consoles_beat_does():
     assert beat.avg_jct_h == pytest.approx(events_only.avg_jct_h)
 
 
+@pytest.mark.skipif(not TIRESIAS.exists(), reason="shared traces not present")
+def test_the_command_line_passes_on_a_beat_by_default_and_not_with_zero(capsys):
+    common = ["--trace", str(TIRESIAS), "--format", "tiresias", "--cluster", "2x4", "--policy", "fifo", "--json"]
+    main(common)
+    beat = json.loads(capsys.readouterr().out)[0]
+    main([*common, "--pass-interval-s", "0"])
+    events_only = json.loads(capsys.readouterr().out)[0]
+    assert beat["passes"] > events_only["passes"]
+    with pytest.raises(SystemExit):
+        main([*common, "--pass-interval-s", "-5"])
+    assert "--pass-interval-s" in capsys.readouterr().err
+
+
 def test_every_policy_runs_and_reports_teams(capsys):
     jobs = [job(i, 1 + i % 2, i * 5.0, 50.0 + 7 * i, team=f"t{i % 2}") for i in range(20)]
     for name in POLICY_NAMES:
