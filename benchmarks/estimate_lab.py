@@ -1,8 +1,9 @@
 """Start-estimate lab: try another estimator on a trace in minutes, with the same decisions and real starts.
 
 Estimates are output only, so the real starts of a console simulation do not depend on them. `capture` runs the
-simulation once and keeps, for every instant at which jobs were submitted, the snapshot of the last pass there
-(pickled as it was then: the runtime history changes later) and the real starts. `evaluate` runs the pass again
+simulation once (on the benchmark's beat, simulate.BEAT_S) and keeps, for every instant at which jobs were
+submitted, the snapshot of the last pass there (pickled as it was then: the runtime history changes later) and the
+real starts. `evaluate` runs the pass again
 on each kept snapshot with another arrival model (scheduler.expected_arrivals swapped) and scores the estimates
 given to the jobs submitted then as benchmarks/scheduler.py does (metrics.EstimateFigures): with `current` it
 prints the benchmark's figures exactly.
@@ -52,7 +53,7 @@ import apps.scheduling.scheduler as scheduler_module  # noqa: E402
 from apps.scheduling.config import PolicyConfig  # noqa: E402
 from apps.scheduling.estimate import BURST_GAP_S, Waiting, expected_arrivals  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
-from apps.scheduling.simulate import make_decider, team_quotas  # noqa: E402
+from apps.scheduling.simulate import BEAT_S, make_decider, team_quotas  # noqa: E402
 from apps.scheduling.simulation import Simulator  # noqa: E402
 from apps.scheduling.trace import build_hosts, load_trace, parse_cluster, with_declarations  # noqa: E402
 from apps.scheduling.types import Decisions, Snapshot  # noqa: E402
@@ -69,7 +70,9 @@ CALIBRATION_MIN = 10
 def capture(trace: str, mode: str, traces_dir: Path, out: Path) -> None:
     jobs = with_declarations(load_trace(traces_dir / "muri" / f"{trace}.csv", "muri", "muri"), mode, 0)
     config = PolicyConfig()
-    sim = Simulator(jobs, build_hosts(*parse_cluster("8x8")), schedule, team_quotas(jobs, 64), 0.0, config)
+    sim = Simulator(
+        jobs, build_hosts(*parse_cluster("8x8")), schedule, team_quotas(jobs, 64), 0.0, config, pass_interval_s=BEAT_S
+    )
     console = make_decider("console", sim, config)
     instants: dict[float, tuple[bytes, list[int]]] = {}
 

@@ -20,6 +20,12 @@ at the moment each became stoppable, each went back to its GPUs at once and the 
 for their ends: on Muri trace3 the median error was 0.90 of the wait without declarations (now 0.59), 0.35 with
 exact ones (now 0.30).
 
+Without declarations, shortest-first over attained service time-slices the queue: a job that starts runs until it
+moves on to a longer queue (or its score otherwise passes the bar), and a job that waited behind it stops it. The
+pass gives the first waiting jobs that moment and their order then (Waiting.slice_s, moved_order), and the replay
+makes each a victim from then on when it starts it (the running jobs' scores are looked at between floors too):
+trace3 without declarations 0.43 -> 0.13 of the wait, with exact ones 0.33 -> 0.30; trace4 0.93 -> 0.92.
+
 Each estimate carries a confidence in [0, 1]: the lowest confidence of the predictions whose ends let the job
 start at that moment (a replayed job's end is as sure as its start and its own run-time prediction together).
 
@@ -64,6 +70,11 @@ class Waiting:
     fixed_confidence: float = 1.0
     # An expected submission (expected_arrivals), not a real job: it takes GPUs in the replay, has no estimate.
     expected: bool = False
+    # Once started, it may be stopped after running `slice_s` (it moves on to a longer attained-service queue,
+    # where its order is `moved_order`): a waiting job of its team that may stop a job of that order then does
+    # (start_times' may_stop), as attained service time-slices a queue of jobs that declare nothing.
+    slice_s: float | None = None
+    moved_order: Order | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +200,7 @@ def start_times(
     # skip numbers, which no comparison sees.
     others = [job.order for _, job in arrivals]
     others += [r.requeue.order for r in releases if r.requeue is not None]
+    others += [job.moved_order for job in queue if job.moved_order is not None]
     queue_ranks, rank = _ranks([job.order for job in queue], others)
     # Running jobs that a waiting job may stop: each joins its type's pool at its stop_from (`due`, a heap), and
     # leaves it when it ends (its release, at its end, is among the others) or is stopped (the release taken out).
@@ -392,6 +404,15 @@ def start_times(
             searched[gpu_type] = (free[gpu_type], joined, new_firsts, {team: team_room[team] for team in by_team})
         return False
 
+    def time_sliced(job: Waiting, clock: float, end: float, release: _Freed) -> None:
+        """A job started at `clock` that may be stopped once it has moved on (Waiting.slice_s): a victim from then
+        on, waiting again with its moved-on order (and no further slice) when stopped."""
+        assert job.slice_s is not None and job.moved_order is not None
+        moved = replace(job, order=job.moved_order, slice_s=None, moved_order=None)
+        r = Release(end, release[0], job.gpus, job.team, job.user, job.units, release[5], moved, clock + job.slice_s)
+        heappush(due, (clock + job.slice_s, len(victims)))
+        victims.append((r, rank[job.moved_order], release, job.moved_order))
+
     def stop(n: int, clock: float) -> None:
         r, _, release, _ = victims[n]
         stopped.add(n)
@@ -522,6 +543,8 @@ def start_times(
                 heappush(freed, at)
             else:
                 moment.append(release)
+            if job.slice_s is not None and job.slice_s < job.runtime_s and job.moved_order is not None:
+                time_sliced(job, clock, at, release)
             # the bucket's next job, offered in its place unless held back
             if bucket and not (
                 (nxt := bucket[-1][2]).quota_bound and team_room[nxt.team] < nxt.units

@@ -77,6 +77,12 @@ BUDGET_STOP = "team {team}'s monthly GPU-hour budget is spent and the team stops
 NO_ESTIMATE = frozenset({"budget", "no_gpu_type", "no_runtime", "too_large", "no_quota"})
 # Waiting for its own team's (or user's) jobs to end: jobs of other teams do not hold it back.
 OWN_LIMIT = frozenset({"quota", "user_cap"})
+# The waiting jobs, first in the queue, whose time-slices the replay foresees (_with_slices): bounds the pass.
+SLICED_JOBS = 128
+# A running job's score is looked at (for when it becomes a victim) at most this many moments ahead, the first
+# this long into its run.
+MAX_SCORE_PROBES = 8
+SCORE_PROBE_S = 300.0
 # Submissions looked at for a sweep going on (estimate.expected_arrivals).
 RECENT_S = 24 * 3600.0
 # Whole-GPU jobs examined for the fraction fence per pass (the first one that fractions block is fenced for).
@@ -611,6 +617,8 @@ class ConsolePass:
         higher_class_waiting: dict[int, int] = defaultdict(int)
         counted = 0  # (the sum of its values)
         place_or_explain = self._place_or_explain
+        # the first waiting jobs the replay may start (the ones it time-slices: _with_slices)
+        sliceable: list[PendingJob] = []
         for negative_priority, score, submitted_at, job_id, job, remaining, expected, confidence in ordered:
             code_reason = place_or_explain(job, score, remaining, higher_class_waiting, counted)
             if code_reason is None:  # (placed: its figures are looked up by job id from here on)
@@ -626,10 +634,12 @@ class ConsolePass:
                 expected, confidence,
                 not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
             ))
+            if len(sliceable) < SLICED_JOBS:
+                sliceable.append(job)
             if code not in OWN_LIMIT:
                 higher_class_waiting[-negative_priority] += 1
                 counted += 1
-        self._explain(waiting, self._with_head(queue))
+        self._explain(waiting, self._with_head(self._with_slices(queue, sliceable)))
         # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
         wake_at = self.now if self.preemptions and self.pending else self._wake_at()
         return Decisions(
@@ -853,6 +863,38 @@ class ConsolePass:
             not may_borrow,
         )
 
+    def _with_slices(self, queue: list[Waiting], jobs: list[PendingJob]) -> list[Waiting]:
+        """The replay's queue with, for its first jobs (`jobs`, in queue order), when each would move on to its next
+        attained-service queue once started (no earlier than its protection allows) and its order there: a job
+        that then ranks far enough behind a waiting one is stopped again in the replay (Waiting.slice_s), as
+        shortest-first over attained service time-slices jobs that declare nothing. Without this a job at place 34
+        of trace4 was told 25 h and started after 31 minutes."""
+        config = self.config
+        if not (jobs and config.srpt_preemption and config.ordering == "shortest-remaining"):
+            return queue
+        history = self.snapshot.history or EMPTY_HISTORY
+        slices: dict[int, tuple[float, Order]] = {}
+        for job in jobs:
+            held = job_gpus_held(job)
+            remaining, _, next_floor = service_estimate(job, self.now, history)
+            if next_floor is None or held <= 0 or not job.preemptible:
+                continue
+            run_s = (next_floor - job.attained_gpu_seconds) / held
+            step = job.observed_step_s
+            moved = replace(
+                job,
+                attained_gpu_seconds=next_floor,
+                steps_done=job.steps_done + int(run_s / step) if step else job.steps_done,
+            )
+            at = self.now + run_s
+            score = self._service_score(moved, at, service_estimate(moved, at, history)[0])
+            order = (-int(job.priority), score, job.submitted_at, job.job_id)
+            slices[job.job_id] = (max(run_s, protected_run_s(job.preemption_count, config)), order)
+        return [
+            replace(w, slice_s=sliced[0], moved_order=sliced[1]) if (sliced := slices.get(w.job_id)) else w
+            for w in queue
+        ]
+
     def _with_head(self, queue: list[Waiting]) -> list[Waiting]:
         """The replay's queue (made in run) with the reserved head's start fixed."""
         head = self.reservation
@@ -903,10 +945,18 @@ class ConsolePass:
             return None
         attained = attained_gpu_seconds(job, self.now)
         ends = self.now + state.remaining_s
-        for queue in queues[service.queue + 1:]:
-            at = self.now + max(0.0, queue.floor * held - attained) / held
+        # The moments it crosses the next floors, and moments its run time doubles in between: similar runs
+        # that outlasted its run so far (and the overrun rule) raise its score between floors too.
+        moments = {self.now + max(0.0, queue.floor * held - attained) / held for queue in queues[service.queue + 1:]}
+        ran = max(SCORE_PROBE_S, self.now - job.started_at)
+        while len(moments) < MAX_SCORE_PROBES:
+            moments.add(job.started_at + ran)
+            ran *= 2
+        for at in sorted(moments)[:MAX_SCORE_PROBES]:
             if at >= ends:
                 return None
+            if at <= self.now:
+                continue
             # (the order's estimate as the pass then will make it: ordering.service_estimate at that moment)
             score = self._service_score(job, at, service_estimate(job, at, self.snapshot.history or EMPTY_HISTORY)[0])
             if score > bar:

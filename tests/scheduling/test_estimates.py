@@ -157,6 +157,36 @@ def test_the_replay_stops_a_job_only_for_one_that_may_stop_it():
     assert refuse[1] == (100.0, 0.5)
 
 
+def test_a_job_started_in_the_replay_is_stopped_again_once_it_moves_on():
+    """Without declarations attained service time-slices the queue: the job running now may be stopped at 550 s
+    (as above); the first waiting job then starts, moves on to the day-long queue after 100 s of run and may be
+    stopped once it has run its 600 s, so the second waiting job is told 1,150 s, not the first's predicted end
+    (on trace4 a job at place 34 was told 25 h and started after 31 minutes)."""
+    now = 100_000.0
+    history = RuntimeHistory()
+    for n in range(60):
+        history.record("u", "", FinishedRun(1, 100.0 if n % 2 else 86_400.0))
+    waiting = [pending(1, submitted_at=now - 2), pending(2, submitted_at=now - 1)]
+    snap = snapshot(hosts(1, 1), waiting, [running(10, (0,), started_at=now - 50)], now=now)
+    decisions = schedule(replace(snap, history=history), PolicyConfig(min_run_before_preempt_s=600))
+    assert decisions.pending[1].estimated_start == pytest.approx(now + 550)
+    assert decisions.pending[2].estimated_start == pytest.approx(now + 1150)
+
+
+def test_the_replay_stops_a_time_sliced_job_after_its_slice_for_a_job_that_may_stop_it():
+    """A job given a slice (Waiting.slice_s, moved_order) runs that long in the replay, then waits again behind the
+    job that may stop it; without one, the job behind waits for its whole run."""
+    sliced = Waiting(1, (0, 1.0, 0.0, 1), "a", "u", 1, "x", 100, 1000.0, 1.0, slice_s=30.0, moved_order=(0, 9.0, 0.0, 1))
+    behind = Waiting(2, (0, 2.0, 0.0, 2), "a", "u", 1, "x", 100, 50.0, 1.0)
+    free, capacity, room = {"x": 1}, {"x": 1}, {"a": 1000}
+    starts = start_times(0.0, free, capacity, room, {}, [], [sliced, behind])
+    assert starts[1] == (0.0, 1.0) and starts[2] == (30.0, 1.0)
+    whole = start_times(0.0, free, capacity, room, {}, [], [replace(sliced, slice_s=None, moved_order=None), behind])
+    assert whole[2] == (1000.0, 1.0)
+    refuse = start_times(0.0, free, capacity, room, {}, [], [sliced, behind], may_stop=lambda job, victim: False)
+    assert refuse[2] == (1000.0, 1.0)
+
+
 def test_the_first_in_the_queue_is_not_told_of_jobs_ahead():
     now = 100_000.0
     snap = snapshot(hosts(1, 1), [pending(1)], [steps_running(10, (0,), now, 50)], now=now)
