@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.estimate import Release, Waiting, _ranks, estimate_starts, start_times
+from apps.scheduling.estimate import Release, Waiting, _ranks, estimate_starts, expected_arrivals, start_times
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory, predict_total_s
 from apps.scheduling.similarity import similarity_key, work_size
@@ -185,6 +185,13 @@ def test_the_replay_stops_a_time_sliced_job_after_its_slice_for_a_job_that_may_s
     assert whole[2] == (1000.0, 1.0)
     refuse = start_times(0.0, free, capacity, room, {}, [], [sliced, behind], may_stop=lambda job, victim: False)
     assert refuse[2] == (1000.0, 1.0)
+    # An expected submission copied from a sliced job is no victim: its moved order is not among the replay's.
+    sweep = [replace(sliced, job_id=i, order=(0, 1.0, 10.0 * i, i)) for i in range(12)]
+    expected = expected_arrivals(120.0, sweep)
+    assert expected and all(job.slice_s is None and job.moved_order is None for _, job in expected)
+    # ... nor is one that carries a moved order anyway (the estimate lab's arrival models copy past entries)
+    stray = replace(sliced, job_id=99, order=(0, 0.5, 0.0, 99), moved_order=(0, 8.0, 0.0, 99), expected=True)
+    assert start_times(0.0, free, capacity, room, {}, [], [behind], [(0.0, stray)])[2] == (1000.0, 1.0)
 
 
 def test_the_first_in_the_queue_is_not_told_of_jobs_ahead():
