@@ -24,8 +24,8 @@ Without declarations, shortest-first over attained service time-slices the queue
 moves on to a longer queue (or its score otherwise passes the bar), and a job that waited behind it stops it. The
 pass gives the first waiting jobs that moment and their order then (Waiting.slice_s, moved_order), and the replay
 makes each a victim from then on when it starts it (the running jobs' scores are looked at between floors too):
-trace3 without declarations 0.43 -> 0.13 of the wait, with exact ones 0.33 -> 0.30; trace4 0.93 -> 0.92 and 0.47 ->
-0.46.
+trace3 without declarations 0.43 -> 0.13 of the wait, with exact ones 0.33 -> 0.30; trace4 0.93 -> 0.92 (0.74 with
+the pass's _recent: a sweep's expected rest comes behind the jobs like it) and 0.47 -> 0.46.
 
 Each estimate carries a confidence in [0, 1]: the lowest confidence of the predictions whose ends let the job
 start at that moment (a replayed job's end is as sure as its start and its own run-time prediction together).
@@ -617,8 +617,8 @@ def expected_arrivals(now: float, recent: Iterable[Waiting]) -> list[tuple[float
     Jobs come in bursts (a sweep of hundreds of jobs in minutes, then hours of quiet); a job estimated as it is
     submitted waits for the rest of its burst that goes ahead of it in the queue, which nobody knows yet. With no
     better knowledge, a burst that has lasted D is as likely to be half over as not (the Lindy rule): its
-    submissions so far are expected again, D later, each with its order (its score as submitted now; aging over a
-    burst's minutes is negligible). `recent`: the jobs submitted lately, waiting or started, their order's third
+    submissions so far are expected again, D later, each with its order as `recent` gives it (the pass gives each
+    its score as submitted, its aging undone: a like job submitted later comes behind the like jobs waiting). `recent`: the jobs submitted lately, waiting or started, their order's third
     field the time they were submitted. No sweep going on (fewer than MIN_BURST submissions each within
     BURST_GAP_S of the next, the last within BURST_GAP_S of now): none expected.
     """

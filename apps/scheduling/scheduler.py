@@ -839,7 +839,14 @@ class ConsolePass:
         recent = [w for w in queue if w.order[2] >= since]
         recent += [entry(job, remaining) for job, remaining, _ in self.placed_jobs if job.submitted_at >= since]
         recent += [entry(s.job, s.remaining_s) for s in self.states if not s.stopped and s.job.submitted_at >= since]
-        return recent
+        # Each with its score as it was submitted (its aging undone): a job like it submitted later comes behind the
+        # jobs like it waiting now, as aging ranks it. (With their scores now, the copies of a sweep's first jobs went
+        # ahead of its later ones.)
+        now, aging_s = self.now, self.config.aging_s
+        return [
+            replace(w, order=(w.order[0], w.order[1] * aging_boost(w.order[2], now, aging_s), w.order[2], w.order[3]))
+            for w in recent
+        ]
 
     def _agreeing_reason(self, code: str, reason: str, position: int) -> str:
         """The reason, told so that it agrees with the position beside it."""

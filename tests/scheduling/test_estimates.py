@@ -194,6 +194,21 @@ def test_the_replay_stops_a_time_sliced_job_after_its_slice_for_a_job_that_may_s
     assert start_times(0.0, free, capacity, room, {}, [], [behind], [(0.0, stray)])[2] == (1000.0, 1.0)
 
 
+def test_a_sweep_expected_to_go_on_comes_behind_the_jobs_like_it_waiting_now():
+    """Twelve like jobs submitted 10 s apart, up to now, on one busy GPU: a sweep going on, whose like is expected
+    again. Aging ranks a like job submitted later behind them, so the last of the twelve is told the end of the
+    eleven ahead of it (with their scores now, the copies of the sweep's first jobs went ahead of its later ones:
+    on trace4 without declarations the median error went 0.92 -> 0.74 of the wait)."""
+    now = 100_000.0
+    sweep = [
+        pending(i, declared_steps=100, observed_step_s=1.0, submitted_at=now - 10.0 * (12 - i)) for i in range(1, 13)
+    ]
+    snap = snapshot(hosts(1, 1), sweep, [steps_running(20, (0,), now, 100)], now=now)
+    decisions = schedule(snap, NO_SRPT)
+    assert [decisions.pending[i].position for i in range(1, 13)] == list(range(1, 13))
+    assert decisions.pending[12].estimated_start == pytest.approx(now + 100 + 11 * 100)
+
+
 def test_the_first_in_the_queue_is_not_told_of_jobs_ahead():
     now = 100_000.0
     snap = snapshot(hosts(1, 1), [pending(1)], [steps_running(10, (0,), now, 50)], now=now)
