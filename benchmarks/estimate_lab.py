@@ -58,7 +58,8 @@ from apps.scheduling.simulation import Simulator  # noqa: E402
 from apps.scheduling.trace import build_hosts, load_trace, parse_cluster, with_declarations  # noqa: E402
 from apps.scheduling.types import Decisions, Snapshot  # noqa: E402
 
-ArrivalModel = Callable[[float, Iterable[Waiting]], list[tuple[float, Waiting]]]
+# (now, recent submissions, the policy's aging_s) -> expected submissions, as estimate.expected_arrivals
+ArrivalModel = Callable[[float, Iterable[Waiting], float], list[tuple[float, Waiting]]]
 # job id -> (submitted at, first start, waited after its submission pass)
 Starts = Mapping[int, tuple[float, float | None, bool]]
 # per instant: (pickled snapshot, ids of the jobs submitted then)
@@ -107,14 +108,18 @@ def estimates_with(instants: Instants, model: ArrivalModel) -> dict[int, float |
         setattr(scheduler_module, "expected_arrivals", original)  # noqa: B010
 
 
+def no_arrivals(now: float, recent: Iterable[Waiting], aging_s: float = 0.0) -> list[tuple[float, Waiting]]:
+    return []
+
+
 def submissions(instants: Instants) -> list[Waiting]:
     """Every job submitted, as its own submission pass saw it (the replay's entry), in submission order."""
     entries: dict[int, Waiting] = {}
 
-    def keep(now: float, recent: Iterable[Waiting]) -> list[tuple[float, Waiting]]:
+    def keep(now: float, recent: Iterable[Waiting], aging_s: float = 0.0) -> list[tuple[float, Waiting]]:
         recent = list(recent)
         entries.update((w.job_id, w) for w in recent if w.order[2] == now)
-        return expected_arrivals(now, recent)
+        return expected_arrivals(now, recent, aging_s)
 
     estimates_with(instants, keep)
     return sorted(entries.values(), key=lambda w: w.order[2])
@@ -127,7 +132,7 @@ def oracle_model(instants: Instants, sweep_only: bool = False) -> ArrivalModel:
     future = submissions(instants)
     submitted_at = [w.order[2] for w in future]
 
-    def model(now: float, recent: Iterable[Waiting]) -> list[tuple[float, Waiting]]:
+    def model(now: float, recent: Iterable[Waiting], aging_s: float = 0.0) -> list[tuple[float, Waiting]]:
         first = bisect.bisect_right(submitted_at, now)
         last = len(future)
         if sweep_only:
@@ -147,9 +152,9 @@ def window_model(instants: Instants, window_s: float, with_burst: bool, every: i
     past = submissions(instants)
     submitted_at = [w.order[2] for w in past]
 
-    def model(now: float, recent: Iterable[Waiting]) -> list[tuple[float, Waiting]]:
+    def model(now: float, recent: Iterable[Waiting], aging_s: float = 0.0) -> list[tuple[float, Waiting]]:
         recent = list(recent)
-        expected = expected_arrivals(now, recent) if with_burst else []
+        expected = expected_arrivals(now, recent, aging_s) if with_burst else []
         first = bisect.bisect_right(submitted_at, now - window_s)
         last = bisect.bisect_right(submitted_at, now)
         for n, w in enumerate(past[first:last:every]):
@@ -189,7 +194,7 @@ def sweep_count_model(starts: Starts) -> ArrivalModel:
     turn): what a sweep that declared only how many jobs it has would tell."""
     times = sorted({submitted for submitted, _, _ in starts.values()})
 
-    def model(now: float, recent: Iterable[Waiting]) -> list[tuple[float, Waiting]]:
+    def model(now: float, recent: Iterable[Waiting], aging_s: float = 0.0) -> list[tuple[float, Waiting]]:
         sweep = sweep_going_on(now, recent)
         expected: list[tuple[float, Waiting]] = []
         previous = now
@@ -223,7 +228,7 @@ def sweep_size_model(starts: Starts) -> ArrivalModel:
     jobs so far), the first one pace after now."""
     sizes = sweep_sizes(starts)
 
-    def model(now: float, recent: Iterable[Waiting]) -> list[tuple[float, Waiting]]:
+    def model(now: float, recent: Iterable[Waiting], aging_s: float = 0.0) -> list[tuple[float, Waiting]]:
         sweep = sweep_going_on(now, recent)
         if not sweep:
             return []
@@ -292,7 +297,7 @@ def evaluate(path: Path, models: list[str], calibrate: bool) -> None:
         if name == "current":
             model = expected_arrivals
         elif name == "none":
-            model = lambda now, recent: []  # noqa: E731
+            model = no_arrivals
         elif name in ("oracle", "sweep"):
             model = oracle_model(instants, sweep_only=name == "sweep")
         elif name.startswith("window"):

@@ -808,7 +808,7 @@ class ConsolePass:
 
         starts = start_times(
             self.now, free_by_type, capacity, team_room, user_room, self._ends(queue), queue,
-            expected_arrivals(self.now, self._recent(queue)), may_stop,
+            expected_arrivals(self.now, self._recent(queue), self.config.aging_s), may_stop,
         )
         pending = self.pending
         # confidence -> rounded to 2 places: round() goes through a decimal string, and a pass has few confidences
@@ -839,14 +839,7 @@ class ConsolePass:
         recent = [w for w in queue if w.order[2] >= since]
         recent += [entry(job, remaining) for job, remaining, _ in self.placed_jobs if job.submitted_at >= since]
         recent += [entry(s.job, s.remaining_s) for s in self.states if not s.stopped and s.job.submitted_at >= since]
-        # Each with its score as it was submitted (its aging undone): a job like it submitted later comes behind the
-        # jobs like it waiting now, as aging ranks it. (With their scores now, the copies of a sweep's first jobs went
-        # ahead of its later ones.)
-        now, aging_s = self.now, self.config.aging_s
-        return [
-            replace(w, order=(w.order[0], w.order[1] * aging_boost(w.order[2], now, aging_s), w.order[2], w.order[3]))
-            for w in recent
-        ]
+        return recent
 
     def _agreeing_reason(self, code: str, reason: str, position: int) -> str:
         """The reason, told so that it agrees with the position beside it."""
@@ -880,6 +873,7 @@ class ConsolePass:
         if not (jobs and config.srpt_preemption and config.ordering == "shortest-remaining"):
             return queue
         history = self.snapshot.history or EMPTY_HISTORY
+        top_class, best_score = _firsts(queue, {job.team for job in jobs})
         slices: dict[int, tuple[float, Order]] = {}
         for job in jobs:
             held = job_gpus_held(job)
@@ -895,6 +889,8 @@ class ConsolePass:
             )
             at = self.now + run_s
             score = self._service_score(moved, at, service_estimate(moved, at, history)[0])
+            if not self._outranked(job.team, int(job.priority), score, top_class, best_score):
+                continue  # (no waiting job would stop it: it runs on in the replay, no victim to search)
             order = (-int(job.priority), score, job.submitted_at, job.job_id)
             slices[job.job_id] = (max(run_s, protected_run_s(job.preemption_count, config)), order)
         return [
@@ -925,10 +921,7 @@ class ConsolePass:
             running = state.job
             priority = int(running.priority)
             shorter = best_score.get((running.team, priority))
-            outranked = (
-                outranks(top_class.get(running.team, -1), 0.0, priority, state.score, config) == PRIORITY
-                or (shorter is not None and outranks(priority, shorter, priority, state.score, config) is not None)
-            )
+            outranked = self._outranked(running.team, priority, state.score, top_class, best_score)
             protection_ends = running.started_at + protected_run_s(running.preemption_count, config)
             if outranked:
                 stoppable[running.job_id] = (max(self.now, protection_ends), None)
@@ -937,6 +930,19 @@ class ConsolePass:
                 if moves_on is not None:
                     stoppable[running.job_id] = (max(moves_on[0], protection_ends), moves_on[1])
         return stoppable
+
+    def _outranked(
+        self, team: str, priority: int, score: float, top_class: dict[str, int],
+        best_score: dict[tuple[str, int], float],
+    ) -> bool:
+        """Whether a waiting job of the team (its top class and best scores: _firsts) may stop a job of that class
+        and score: a higher class, or a much shorter job of its class (preemption.outranks)."""
+        config = self.config
+        shorter = best_score.get((team, priority))
+        return (
+            outranks(top_class.get(team, -1), 0.0, priority, score, config) == PRIORITY
+            or (shorter is not None and outranks(priority, shorter, priority, score, config) is not None)
+        )
 
     def _outranked_after_moving_on(self, state: RunState, bar: float) -> tuple[float, float] | None:
         """When a running job, not a victim now, moves on to an attained-service queue where its score passes
