@@ -24,7 +24,7 @@ Without declarations, shortest-first over attained service time-slices the queue
 moves on to a longer queue (or its score otherwise passes the bar), and a job that waited behind it stops it. The
 pass gives the first waiting jobs that moment and their order then (Waiting.slice_s, moved_order), and the replay
 makes each a victim from then on when it starts it (the running jobs' scores are looked at between floors too):
-trace3 without declarations 0.43 -> 0.13 of the wait, with exact ones 0.33 -> 0.30; trace4 0.93 -> 0.92 (0.74 with
+trace3 without declarations 0.43 -> 0.14 of the wait, with exact ones 0.33 -> 0.30; trace4 0.93 -> 0.92 (0.74 with
 the pass's _recent: a sweep's expected rest comes behind the jobs like it) and 0.47 -> 0.46.
 
 Each estimate carries a confidence in [0, 1]: the lowest confidence of the predictions whose ends let the job
