@@ -865,8 +865,9 @@ class ConsolePass:
 
     def _with_slices(self, queue: list[Waiting], jobs: list[PendingJob]) -> list[Waiting]:
         """The replay's queue with, for its first jobs (`jobs`, in queue order), when each would move on to its next
-        attained-service queue once started (no earlier than its protection allows) and its order there: a job
-        that then ranks far enough behind a waiting one is stopped again in the replay (Waiting.slice_s), as
+        attained-service queue once started (no earlier than its protection allows) and its order there, if its
+        team's best waiting job now would then outrank it: the replay stops it again for a waiting job that may
+        (Waiting.slice_s), as
         shortest-first over attained service time-slices jobs that declare nothing. Without this a job at place 34
         of trace4 was told 25 h and started after 31 minutes."""
         config = self.config
@@ -884,13 +885,14 @@ class ConsolePass:
             step = job.observed_step_s
             moved = replace(
                 job,
-                attained_gpu_seconds=next_floor,
+                # (a hair past the floor: floor x GPUs / GPUs may round below the floor, and the job stay where it is)
+                attained_gpu_seconds=next_floor * (1.0 + 1e-9),
                 steps_done=job.steps_done + int(run_s / step) if step else job.steps_done,
             )
             at = self.now + run_s
             score = self._service_score(moved, at, service_estimate(moved, at, history)[0])
             if not self._outranked(job.team, int(job.priority), score, top_class, best_score):
-                continue  # (no waiting job would stop it: it runs on in the replay, no victim to search)
+                continue  # (not even the team's best waiting job now would stop it: no victim to search)
             order = (-int(job.priority), score, job.submitted_at, job.job_id)
             slices[job.job_id] = (max(run_s, protected_run_s(job.preemption_count, config)), order)
         return [
@@ -945,9 +947,10 @@ class ConsolePass:
         )
 
     def _outranked_after_moving_on(self, state: RunState, bar: float) -> tuple[float, float] | None:
-        """When a running job, not a victim now, moves on to an attained-service queue where its score passes
-        `bar` (a waiting job of its team and class that much shorter may then stop it), and its score there;
-        None if it does not before its predicted end."""
+        """When a running job, not a victim now, has a score past `bar` (a waiting job of its team and class that
+        much shorter may then stop it), and its score then, looked at as it moves on to each next attained-service
+        queue and as its run time doubles in between; None if not before its predicted end (nor for a job in the
+        last queue: no moment is looked at)."""
         service = self.service.get(state.job.job_id)
         if service is None or service.next_floor is None:
             return None
@@ -961,7 +964,9 @@ class ConsolePass:
         # The moments it crosses the next floors, and moments its run time doubles in between: similar runs
         # that outlasted its run so far (and the overrun rule) raise its score between floors too.
         moments = {self.now + max(0.0, queue.floor * held - attained) / held for queue in queues[service.queue + 1:]}
-        ran = max(SCORE_PROBE_S, self.now - job.started_at)
+        ran = SCORE_PROBE_S
+        while job.started_at + ran <= self.now:
+            ran *= 2
         while len(moments) < MAX_SCORE_PROBES:
             moments.add(job.started_at + ran)
             ran *= 2

@@ -40,6 +40,8 @@ PACK_LIMIT = 4
 # At most this many passes at one instant (a pass that preempted asks for another to fill the freed GPUs).
 PASSES_PER_INSTANT = 3
 EPSILON_S = 1e-6
+# The shortest beat (Simulator's pass_interval_s): shorter ones would not move the clock on.
+MIN_PASS_INTERVAL_S = 1.0
 
 
 class Policy(Protocol):
@@ -134,6 +136,8 @@ class Simulator:
         # seconds (CONSOLE_SCHEDULER_INTERVAL_S). None: only at arrivals, ends and the pass's wake_at, which misses
         # a running job whose score grows past the preemption bar between them (trace3 without declarations:
         # 86.6 h; a pass every 300 s too: 82.9 h).
+        if pass_interval_s is not None and not MIN_PASS_INTERVAL_S <= pass_interval_s < float("inf"):
+            raise ValueError(f"pass_interval_s: expected None or at least {MIN_PASS_INTERVAL_S:g} s, not {pass_interval_s}")
         self.pass_interval_s = pass_interval_s
         self.half_life_s = (config or PolicyConfig()).usage_half_life_s
         # What the console would know: declared steps, and step time once a job has run.

@@ -157,17 +157,19 @@ def test_the_replay_stops_a_job_only_for_one_that_may_stop_it():
     assert refuse[1] == (100.0, 0.5)
 
 
-def test_a_job_started_in_the_replay_is_stopped_again_once_it_moves_on():
+@pytest.mark.parametrize(("gpus", "short_s"), [(1, 100.0), (3, 100.1)])
+def test_a_job_started_in_the_replay_is_stopped_again_once_it_moves_on(gpus, short_s):
     """Without declarations attained service time-slices the queue: the job running now may be stopped at 550 s
     (as above); the first waiting job then starts, moves on to the day-long queue after 100 s of run and may be
     stopped once it has run its 600 s, so the second waiting job is told 1,150 s, not the first's predicted end
-    (on trace4 a job at place 34 was told 25 h and started after 31 minutes)."""
+    (on trace4 a job at place 34 was told 25 h and started after 31 minutes). A 3-GPU job crosses a floor of
+    100.1 s too (floor x 3 / 3 rounds below it)."""
     now = 100_000.0
     history = RuntimeHistory()
     for n in range(60):
-        history.record("u", "", FinishedRun(1, 100.0 if n % 2 else 86_400.0))
-    waiting = [pending(1, submitted_at=now - 2), pending(2, submitted_at=now - 1)]
-    snap = snapshot(hosts(1, 1), waiting, [running(10, (0,), started_at=now - 50)], now=now)
+        history.record("u", "", FinishedRun(gpus, short_s if n % 2 else 86_400.0))
+    waiting = [pending(1, gpus, submitted_at=now - 2), pending(2, gpus, submitted_at=now - 1)]
+    snap = snapshot(hosts(1, gpus), waiting, [running(10, tuple(range(gpus)), started_at=now - 50)], now=now)
     decisions = schedule(replace(snap, history=history), PolicyConfig(min_run_before_preempt_s=600))
     assert decisions.pending[1].estimated_start == pytest.approx(now + 550)
     assert decisions.pending[2].estimated_start == pytest.approx(now + 1150)

@@ -47,9 +47,17 @@ def test_the_command_line_passes_on_a_beat_by_default_and_not_with_zero(capsys):
     main([*common, "--pass-interval-s", "0"])
     events_only = json.loads(capsys.readouterr().out)[0]
     assert beat["passes"] > events_only["passes"]
-    with pytest.raises(SystemExit):
-        main([*common, "--pass-interval-s", "-5"])
-    assert "--pass-interval-s" in capsys.readouterr().err
+    for refused in ("-5", "1e-13", "inf"):
+        with pytest.raises(SystemExit):
+            main([*common, "--pass-interval-s", refused])
+        assert "--pass-interval-s" in capsys.readouterr().err
+
+
+def test_a_beat_that_would_not_move_the_clock_is_refused():
+    jobs = [job(0, 1, 0, 100), job(1, 1, 1, 10)]
+    for refused in (-5.0, 1e-13, 0.0, float("inf")):
+        with pytest.raises(ValueError, match="pass_interval_s"):
+            simulate(jobs, "1x1", "fifo", pass_interval_s=refused)
 
 
 def test_every_policy_runs_and_reports_teams(capsys):
