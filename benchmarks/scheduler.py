@@ -45,7 +45,7 @@ from apps.scheduling.metrics import Summary  # noqa: E402
 from apps.scheduling.packing import PackingConfig  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
 from apps.scheduling.simulate import BEAT_S, POLICY_NAMES, simulate  # noqa: E402
-from apps.scheduling.simulation import MIN_PASS_INTERVAL_S  # noqa: E402
+from apps.scheduling.simulation import MIN_PASS_INTERVAL_S, beat  # noqa: E402
 from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
 from apps.scheduling.trace import (  # noqa: E402
     DECLARATION_MODES,
@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--load: expected a comma list of numbers, not {args.load!r}")
     if not loads or any(f <= 0 for f in loads):
         parser.error("--load: every factor must be positive")
-    if args.pass_interval_s != 0 and not MIN_PASS_INTERVAL_S <= args.pass_interval_s < float("inf"):
+    try:
+        args.pass_interval_s = beat(args.pass_interval_s or None)
+    except ValueError:
         parser.error(f"--pass-interval-s: expected 0 (no beat) or at least {MIN_PASS_INTERVAL_S:g} seconds")
     modes = [m for m in args.declarations.split(",") if m]
     unknown = [m for m in modes if m not in DECLARATION_MODES]
@@ -359,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             policies,
             args.seed,
             loads,
-            args.pass_interval_s or None,
+            args.pass_interval_s,
         )
     time_pass(args.passes)
     return 0

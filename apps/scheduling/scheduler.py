@@ -867,8 +867,7 @@ class ConsolePass:
         """The replay's queue with, for its first jobs (`jobs`, in queue order), when each would move on to its next
         attained-service queue once started (no earlier than its protection allows) and its order there, if its
         team's best waiting job now would then outrank it: the replay stops it again for a waiting job that may
-        (Waiting.slice_s), as
-        shortest-first over attained service time-slices jobs that declare nothing. Without this a job at place 34
+        (Waiting.slice_s), as shortest-first over attained service time-slices jobs that declare nothing. Without this a job at place 34
         of trace4 was told 25 h and started after 31 minutes."""
         config = self.config
         if not (jobs and config.srpt_preemption and config.ordering == "shortest-remaining"):
@@ -878,7 +877,7 @@ class ConsolePass:
         slices: dict[int, tuple[float, Order]] = {}
         for job in jobs:
             held = job_gpus_held(job)
-            remaining, _, next_floor = service_estimate(job, self.now, history)
+            next_floor = service_estimate(job, self.now, history)[2]
             if next_floor is None or held <= 0 or not job.preemptible:
                 continue
             run_s = (next_floor - job.attained_gpu_seconds) / held

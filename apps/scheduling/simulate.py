@@ -33,7 +33,7 @@ from apps.scheduling.interference import Profile, profile
 from apps.scheduling.metrics import EstimateFigures, Summary, summarize
 from apps.scheduling.packing import PackingConfig, groups_of, plan_packing
 from apps.scheduling.policy import schedule
-from apps.scheduling.simulation import MIN_PASS_INTERVAL_S, Simulator
+from apps.scheduling.simulation import MIN_PASS_INTERVAL_S, Simulator, beat
 from apps.scheduling.trace import (
     DECLARATION_MODES,
     RUNTIME_MODELS,
@@ -275,7 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.pass_interval_s != 0 and not MIN_PASS_INTERVAL_S <= args.pass_interval_s < float("inf"):
+    try:
+        args.pass_interval_s = beat(args.pass_interval_s or None)
+    except ValueError:
         parser.error(f"--pass-interval-s: expected 0 (no beat) or at least {MIN_PASS_INTERVAL_S:g} seconds")
 
     jobs = assign_teams(load_trace(args.trace, args.format, args.runtime_model), args.teams)
@@ -285,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in parse_policies(args.policy):
         started = time.perf_counter()
         summaries.append(simulate(jobs, args.cluster, name, args.preempt_cost_s, None, args.switch_overhead,
-                                  pass_interval_s=args.pass_interval_s or None))
+                                  pass_interval_s=args.pass_interval_s))
         seconds[name] = time.perf_counter() - started
     if args.json:
         print(

@@ -44,6 +44,16 @@ EPSILON_S = 1e-6
 MIN_PASS_INTERVAL_S = 1.0
 
 
+def beat(seconds: float | None) -> float | None:
+    """A pass interval as the simulator takes it: None for no beat, else at least MIN_PASS_INTERVAL_S and finite
+    (ValueError otherwise: shorter ones never move the clock on; the command lines' 0 is None)."""
+    if seconds is None:
+        return None
+    if not MIN_PASS_INTERVAL_S <= seconds < float("inf"):
+        raise ValueError(f"pass_interval_s: expected None (no beat) or at least {MIN_PASS_INTERVAL_S:g} s, not {seconds}")
+    return seconds
+
+
 class Policy(Protocol):
     """What the simulator calls: the core's `schedule` with a config, or a baseline with `decide`."""
 
@@ -136,9 +146,7 @@ class Simulator:
         # seconds (CONSOLE_SCHEDULER_INTERVAL_S). None: only at arrivals, ends and the pass's wake_at, which misses
         # a running job whose score grows past the preemption bar between them (trace3 without declarations:
         # 86.6 h; a pass every 300 s too: 82.9 h).
-        if pass_interval_s is not None and not MIN_PASS_INTERVAL_S <= pass_interval_s < float("inf"):
-            raise ValueError(f"pass_interval_s: expected None or at least {MIN_PASS_INTERVAL_S:g} s, not {pass_interval_s}")
-        self.pass_interval_s = pass_interval_s
+        self.pass_interval_s = beat(pass_interval_s)
         self.half_life_s = (config or PolicyConfig()).usage_half_life_s
         # What the console would know: declared steps, and step time once a job has run.
         self.console_view = console_view
