@@ -130,12 +130,23 @@ def evaluate_gpu_samples(host: Host, gpus: list[dict[str, Any]], maps: Any, now:
             else:
                 if key in pending:
                     cleared.append(key)
-                if clear and (rule.id, subject) in rules.open:
+                if clear and (rule.id, subject) in rules.open and not _idle_job_stopping(rule, gpu):
                     resolve(rule.id, subject, f"{rule.name}: cleared")
     if started:
         cache.set_many(started, timeout=PENDING_TTL_S)
     if cleared:
         cache.delete_many(cleared)
+
+
+def _idle_job_stopping(rule: RuleView, gpu: dict[str, Any]) -> bool:
+    """Was the job of an idle alert asked to stop (checkpoint for release, preemption)? Its exit costs CPU, which
+    the simulated GPU reads as a busy moment: that must not call off a release already under way, nor should its
+    last idle seconds open a second alert. The alert resolves when the run is over (`sweep`)."""
+    if rule.kind != AlertRule.Kind.JOB_IDLE or gpu["job"] is None:
+        return False
+    from apps.jobs.models import Job
+
+    return Job.objects.filter(pk=gpu["job"], preempt_requested_at__isnull=False).exists()
 
 
 def _describe(rule: RuleView, host: Host, gpu: dict[str, Any], value: float | None) -> str:
@@ -158,16 +169,18 @@ def _fire_for_gpu(rule: RuleView, host: Host, gpu: dict[str, Any], maps: Any, su
     if job_id is not None:
         from apps.jobs.models import Job
 
-        found = Job.objects.filter(pk=job_id).values_list("team_id", "state", "placed_at").first()
+        found = (Job.objects.filter(pk=job_id)
+                 .values_list("team_id", "state", "placed_at", "preempt_requested_at").first())
         if found is None:
             return None
-        team_id, state, placed_at = found
+        team_id, state, placed_at, stop_requested_at = found
         if rule.kind == AlertRule.Kind.JOB_IDLE and (
             state not in Job.HOLDING_STATES
+            or stop_requested_at is not None
             or (placed_at is not None and now - max(since, placed_at.timestamp()) < rule.duration_s)
         ):
-            # A sample of a run that is over (the host's GPU-to-job map is cached for MAP_TTL_S), or a run placed
-            # again whose idle time is counted from its placement, not from its earlier run's.
+            # A sample of a run that is over (the host's GPU-to-job map is cached for MAP_TTL_S) or asked to stop,
+            # or a run placed again whose idle time is counted from its placement, not from its earlier run's.
             return None
     message = _describe(rule, host, gpu, value)
     if job_id is not None and idle_release.applies(rule, team_id):

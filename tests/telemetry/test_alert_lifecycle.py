@@ -315,6 +315,30 @@ def test_an_idle_job_that_gets_busy_in_its_grace_is_not_released(world, sim_host
     assert job.state == "running" and job.preempt_requested_at is None
 
 
+def test_a_job_asked_to_checkpoint_for_release_keeps_its_one_alert_until_it_stops(
+    world, sim_host, release_rule, settings
+):
+    # CI saw a second idle alert: the job's exit after SIGTERM cost CPU, read as a busy moment by the simulated
+    # GPU; that resolved the first alert ("called off" a release under way) and its last idle seconds fired again.
+    settings.IDLE_RELEASE_GRACE_S = 0
+    _, client = sim_host
+    job = running_on_sim(world)
+    send(client, [gpu_sample(0, util=1.0)])
+    alert = Alert.objects.get(rule=release_rule)
+    assert idle_release.release_due(alert.started_at + timedelta(seconds=1)) == 1
+    events = reasons(job)
+    send(client, [gpu_sample(0, util=80.0)])
+    assert Alert.objects.get(pk=alert.pk).state == "firing"
+    send(client, [gpu_sample(0, util=1.0)])
+    assert list(Alert.objects.filter(rule=release_rule).values_list("pk", flat=True)) == [alert.pk]
+    assert reasons(job) == events
+    sim = Host.objects.get(name="sim-t")
+    job_services.job_report_status(host=sim, job_id=job.pk, status=JobStatus("preempted", 1, exit_code=0))
+    reap()
+    assert Alert.objects.get(pk=alert.pk).state == "resolved"
+    assert Job.objects.get(pk=job.pk).state == "cancelled"
+
+
 def test_an_ordinary_preemption_still_requeues(world, sim_host):
     job = running_on_sim(world)
     assert job_services.job_preempt(job.pk, "a higher priority job")
