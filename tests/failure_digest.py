@@ -10,7 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-MESSAGE_CHARS = 2500
+HEAD_CHARS, TAIL_CHARS = 1500, 1500  # of a long message: what it waited for and what it saw, and the log's end
 
 
 def failures(path: Path) -> list[tuple[str, str]]:
@@ -29,8 +29,8 @@ def main(paths: list[str]) -> int:
         if not path.is_file():
             continue
         for test, message in failures(path):
-            if len(message) > MESSAGE_CHARS:
-                message = "[…]\n" + message[-MESSAGE_CHARS:]
+            if len(message) > HEAD_CHARS + TAIL_CHARS:
+                message = f"{message[:HEAD_CHARS]}\n[…]\n{message[-TAIL_CHARS:]}"
             print(f"-- {path.name}: {test}\n{message}\n")
     return 0
 

@@ -43,8 +43,14 @@ def test_a_job_cannot_swap_its_artifacts_for_links_that_the_console_would_follow
 def test_the_jobs_own_work_still_works_progress_checkpoints_artifacts_and_resume_after_preemption(cluster):
     low = cluster.submit_to("red", gpus=3, priority="low", max_steps=100_000,
                             workload={"builtin": "mlp-digits", "params": {"epochs": 10_000, "batch_size": 32}})
-    wait_until(lambda: cluster.job(low["id"])["steps_done"] >= 30, timeout=300, what="the low job to train",
-               details=lambda: f"{cluster.job(low['id'])}\n{cluster.log(low['id'])[-3000:]}")
+
+    def low_trained_or_settled():  # (a failed or requeued low job ends the wait at once)
+        job = cluster.job(low["id"])
+        return job if job["steps_done"] >= 30 or job["state"] not in ("queued", "placed", "running") else None
+
+    details = lambda: f"{cluster.board()}\n{cluster.log(low['id'])[-1500:]}"  # noqa: E731 - what held the GPUs
+    trained = wait_until(low_trained_or_settled, timeout=300, what="the low job to train", details=details)
+    assert trained["state"] == "running" and trained["attempts"] == 1, details()
     urgent = cluster.submit_to("red", gpus=3, priority="urgent", workload={"command": [PY, "-c", "print('urgent')"]})
     assert cluster.wait_state(urgent["id"], {"succeeded", "failed"}, timeout=180)["state"] == "succeeded"
     resumed = cluster.wait_for(lambda: re.search(r"resumed from \S+ \(step (\d+)", cluster.log(low["id"])),

@@ -302,6 +302,16 @@ class LiveCluster:
     def job(self, job_id: int) -> dict:
         return self.admin().get(f"/api/v1/jobs/{job_id}/").json()
 
+    def board(self) -> str:
+        """The cluster's jobs that are not over, a line each: what holds GPUs and what waits, and why."""
+        jobs = self.admin().get("/api/v1/jobs/", params={"page_size": 200}).json()["results"]
+        return "\n".join(
+            f"job {j['id']} {j['team']} {j['state']} gpus={j['gpus']} attempts={j['attempts']} "
+            f"steps={j['steps_done']} on={[a.get('host') for a in j.get('allocations', [])]} "
+            f"reason={j.get('pending_reason') or j.get('failure_reason') or ''!r}"
+            for j in jobs if j["state"] not in ("succeeded", "failed", "cancelled")
+        ) or "(no job active)"
+
     def wait_state(self, job_id: int, states: set[str], timeout: float = 120) -> dict:
         return self.wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout=timeout,
                              what=f"job {job_id} to reach {states}")
