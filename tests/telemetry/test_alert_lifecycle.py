@@ -222,6 +222,14 @@ def running_on_sim(world) -> Job:
     return job
 
 
+def idle_job_warned(world, sim_host, rule: AlertRule):
+    """(client, job, alert): a job running on the simulated host has sent an idle sample, and `rule` has fired."""
+    _, client = sim_host
+    job = running_on_sim(world)
+    send(client, [gpu_sample(0, util=1.0)])
+    return client, job, Alert.objects.get(rule=rule)
+
+
 def reasons(job: Job) -> list[str]:
     return list(job.events.order_by("id").values_list("reason", flat=True))
 
@@ -230,10 +238,7 @@ def test_idle_release_warns_waits_its_grace_checkpoints_then_releases(
     world, sim_host, release_rule, settings
 ):
     settings.IDLE_RELEASE_GRACE_S = 300
-    _, client = sim_host
-    job = running_on_sim(world)
-    send(client, [gpu_sample(0, util=1.0)])
-    alert = Alert.objects.get(rule=release_rule)
+    client, job, alert = idle_job_warned(world, sim_host, release_rule)
     # 1. The warning: the alert (e-mailed to the owner) and an event on the job say when and how to avoid it.
     assert "checkpointed and released in 5 min unless its GPUs get busy" in alert.message
     assert reasons(job)[-1] == f"warning: {alert.message}"
@@ -269,10 +274,7 @@ def test_a_late_idle_sample_of_a_released_job_fires_nothing(world, sim_host, rel
     # by the host's cached map, fired the rule again (its pending start kept from the first alert).
     monkeypatch.setattr(services, "MAP_TTL_S", 3600.0)  # (the map cached for the whole test, as within 2 s)
     settings.IDLE_RELEASE_GRACE_S = 0
-    _, client = sim_host
-    job = running_on_sim(world)
-    send(client, [gpu_sample(0, util=1.0)])
-    alert = Alert.objects.get(rule=release_rule)
+    client, job, alert = idle_job_warned(world, sim_host, release_rule)
     assert idle_release.release_due(alert.started_at + timedelta(seconds=1)) == 1
     sim = Host.objects.get(name="sim-t")
     job_services.job_report_status(host=sim, job_id=job.pk, status=JobStatus("preempted", 1, exit_code=0))
@@ -303,10 +305,7 @@ def test_a_job_placed_again_is_idle_only_after_the_rules_duration_in_its_new_run
 
 def test_an_idle_job_that_gets_busy_in_its_grace_is_not_released(world, sim_host, release_rule, settings):
     settings.IDLE_RELEASE_GRACE_S = 300
-    _, client = sim_host
-    job = running_on_sim(world)
-    send(client, [gpu_sample(0, util=1.0)])
-    alert = Alert.objects.get(rule=release_rule)
+    client, job, alert = idle_job_warned(world, sim_host, release_rule)
     send(client, [gpu_sample(0, util=80.0)])
     assert Alert.objects.get(pk=alert.pk).state == "resolved"
     assert reasons(job)[-1].startswith("idle release called off")
@@ -321,10 +320,7 @@ def test_a_job_asked_to_checkpoint_for_release_keeps_its_one_alert_until_it_stop
     # CI saw a second idle alert: the job's exit after SIGTERM cost CPU, read as a busy moment by the simulated
     # GPU; that resolved the first alert ("called off" a release under way) and its last idle seconds fired again.
     settings.IDLE_RELEASE_GRACE_S = 0
-    _, client = sim_host
-    job = running_on_sim(world)
-    send(client, [gpu_sample(0, util=1.0)])
-    alert = Alert.objects.get(rule=release_rule)
+    client, job, alert = idle_job_warned(world, sim_host, release_rule)
     assert idle_release.release_due(alert.started_at + timedelta(seconds=1)) == 1
     events = reasons(job)
     send(client, [gpu_sample(0, util=80.0)])
