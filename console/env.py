@@ -48,8 +48,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
-def env_float(name: str, default: float, *, above: float | None = None) -> float:
-    """A finite number; with `above`, strictly greater than it."""
+def env_float(name: str, default: float, *, above: float | None = None, minimum: float | None = None) -> float:
+    """A finite number; with `above`, strictly greater than it; with `minimum`, at least it."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -61,6 +61,8 @@ def env_float(name: str, default: float, *, above: float | None = None) -> float
         raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is not a finite number.")
     if above is not None and value <= above:
         raise ImproperlyConfigured(f"Environment variable {name}={value:g} must be greater than {above:g}.")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"Environment variable {name}={value:g} must be at least {minimum:g}.")
     return value
 
 

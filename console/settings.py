@@ -233,6 +233,8 @@ METRICS_TOKEN = env_str("CONSOLE_METRICS_TOKEN", None)
 SCHEDULER = {
     "policy": env_str("CONSOLE_SCHEDULER_POLICY", "console"),
     "min_run_before_preempt_s": float(env_int("CONSOLE_MIN_RUN_BEFORE_PREEMPT_S", 600, minimum=0)),
+    # ... and at most this fraction of the median run time of the finished jobs (0: the fixed minimum only)
+    "min_run_median_fraction": env_float("CONSOLE_MIN_RUN_MEDIAN_FRACTION", 0.2, minimum=0.0),
     "max_preemptions_per_job": env_int("CONSOLE_MAX_PREEMPTIONS_PER_JOB", 3, minimum=0),
     "borrowing": env_bool("CONSOLE_SCHEDULER_BORROWING", True),
     "backfill": env_bool("CONSOLE_SCHEDULER_BACKFILL", False),

@@ -26,6 +26,11 @@ class PolicyConfig:
     srpt_preemption: bool = True
     srpt_preempt_ratio: float = 1.5
     min_run_before_preempt_s: float = 10 * 60
+    # ... and no longer than this fraction of the median run time of the cluster's finished jobs, once there are
+    # enough (RuntimeHistory.median_run_s; preemption.with_learned_protection): ten minutes is a fifth of a typical
+    # hour-long run, but longer than most runs of a cluster of short jobs (the Pollux workloads: median 5 min),
+    # where a short arrival then waits up to ten minutes behind a job that has just started. 0: the fixed minimum.
+    min_run_median_fraction: float = 0.2
     max_preemptions_per_job: int = 3
     preempt_protection_growth: float = 2.0
     max_protection_s: float = 6 * HOUR

@@ -12,6 +12,7 @@ predicted from the runs before it, and the confidence is the share of those with
 from __future__ import annotations
 
 import math
+import statistics
 from bisect import bisect_right
 from collections import deque
 from collections.abc import KeysView
@@ -157,6 +158,7 @@ class RuntimeHistory:
         self._anyone: dict[str, _Group] = {}
         self._cache: dict[tuple[object, ...], tuple[float | None, float | None]] = {}
         self._run_times: deque[float] = deque(maxlen=SERVICE_WINDOW)
+        self._median_run_s: float | None = None
         self._queues: dict[tuple[float, ...], tuple[ServiceQueue, ...]] = {}
         # user -> log(real steps / declared steps) of their finished runs
         self._declared: dict[str, deque[float]] = {}
@@ -181,6 +183,7 @@ class RuntimeHistory:
         if run.runtime_s > 0 and run.gpus > 0:
             self._run_times.append(run.runtime_s)
             self._queues.clear()
+            self._median_run_s = None
         if run.declared_steps and run.steps:
             self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
                 math.log(run.steps / run.declared_steps)
@@ -191,6 +194,15 @@ class RuntimeHistory:
         """The similarity keys of the finished runs recorded (a live view): a lookup by any other key (step_estimate,
         runtime_estimate, similar_remaining) answers nothing."""
         return self._anyone.keys()
+
+    def median_run_s(self) -> float | None:
+        """The median run time of the finished runs recorded lately (the service window), None before
+        MIN_SERVICE_HISTORY of them."""
+        if len(self._run_times) < MIN_SERVICE_HISTORY:
+            return None
+        if self._median_run_s is None:
+            self._median_run_s = statistics.median(self._run_times)
+        return self._median_run_s
 
     def service_queues(self, quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
         """The attained-service queues learned from finished runs (learn_queues), cached until the next record."""

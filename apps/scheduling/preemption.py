@@ -20,16 +20,26 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.placement import FreeGpus, choose_gpus
+from apps.scheduling.prediction import RuntimeHistory
 from apps.scheduling.sharing import FULL, held_units, is_fractional, min_units
 from apps.scheduling.types import PendingJob, RunningJob, Snapshot
 
 RECLAIM = "reclaim"
 PRIORITY = "priority"
 SHORTER = "shorter"
+
+
+def with_learned_protection(config: PolicyConfig, history: RuntimeHistory | None) -> PolicyConfig:
+    """The config a pass runs with: its minimum run before preemption no longer than `min_run_median_fraction` of
+    the median run time of the cluster's finished jobs (RuntimeHistory.median_run_s), once it has enough of them."""
+    median = history.median_run_s() if history is not None and config.min_run_median_fraction > 0 else None
+    if median is None or config.min_run_median_fraction * median >= config.min_run_before_preempt_s:
+        return config
+    return replace(config, min_run_before_preempt_s=config.min_run_median_fraction * median)
 
 
 def protected_run_s(preemptions: int, config: PolicyConfig) -> float:

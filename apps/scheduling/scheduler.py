@@ -53,6 +53,7 @@ from apps.scheduling.preemption import (
     plan_preemption,
     protected_run_s,
     victim_candidates,
+    with_learned_protection,
 )
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import (
@@ -1078,7 +1079,7 @@ def schedule_console(snapshot: Snapshot, config: PolicyConfig) -> Decisions:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return ConsolePass(snapshot, config).run()
+        return ConsolePass(snapshot, with_learned_protection(config, snapshot.history)).run()
     finally:
         if collecting:
             gc.enable()

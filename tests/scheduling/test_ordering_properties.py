@@ -24,13 +24,13 @@ from apps.scheduling.prediction import (
     learn_queues,
     predict_remaining,
 )
-from apps.scheduling.preemption import protected_run_s
+from apps.scheduling.preemption import protected_run_s, with_learned_protection
 from apps.scheduling.simulate import team_quotas
 from apps.scheduling.simulation import Simulator
 from apps.scheduling.trace import TraceJob, build_hosts, load_trace, with_declarations
 from apps.scheduling.types import Snapshot
 
-from .helpers import pending, running
+from .helpers import hosts, pending, running, snapshot
 from .test_properties import after, snapshots
 
 
@@ -159,8 +159,8 @@ def snapshots_with_history(draw) -> Snapshot:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots_with_history())
 def test_the_pass_under_the_learned_order_keeps_gpus_quotas_and_priorities(snap: Snapshot):
-    config = PolicyConfig()
-    decisions = schedule(snap, config)
+    decisions = schedule(snap, PolicyConfig())
+    config = with_learned_protection(PolicyConfig(), snap.history)  # (the protection the pass ran with)
     _, team_guaranteed = after(snap, decisions)  # asserts no GPU given twice
     for team, held in team_guaranteed.items():
         assert held <= snap.quotas[team].max_gpus
@@ -183,6 +183,41 @@ def test_the_protection_rises_with_preemptions_and_expires(count: int, run_s: in
     protection = protected_run_s(count, config)
     assert config.min_run_before_preempt_s <= protection <= max(ceiling, config.min_run_before_preempt_s)
     assert protected_run_s(count + 1, config) >= protection
+
+
+def history_of_runs(seconds: float, count: int) -> RuntimeHistory:
+    history = RuntimeHistory()
+    for _ in range(count):
+        history.record("u", "train.py", FinishedRun(gpus=1, runtime_s=seconds))
+    return history
+
+
+def test_the_protection_is_no_longer_than_a_fifth_of_the_clusters_median_run():
+    config = PolicyConfig()
+    assert config.min_run_before_preempt_s == 600 and config.min_run_median_fraction == 0.2
+    # Runs of 5 minutes: a job is protected for a minute, not ten.
+    short = with_learned_protection(config, history_of_runs(300.0, MIN_SERVICE_HISTORY))
+    assert short.min_run_before_preempt_s == pytest.approx(60.0)
+    assert protected_run_s(0, short) == pytest.approx(60.0)
+    # Hour-long runs, too few runs to tell, no history, or the rule turned off: the configured ten minutes.
+    assert with_learned_protection(config, history_of_runs(3600.0, MIN_SERVICE_HISTORY)) is config
+    assert with_learned_protection(config, history_of_runs(300.0, MIN_SERVICE_HISTORY - 1)) is config
+    assert with_learned_protection(config, None) is config
+    off = replace(config, min_run_median_fraction=0.0)
+    assert with_learned_protection(off, history_of_runs(300.0, MIN_SERVICE_HISTORY)) is off
+
+
+@pytest.mark.parametrize(("run_s", "stopped"), [(300.0, True), (3600.0, False)])
+def test_a_short_job_stops_a_long_one_after_a_fifth_of_the_clusters_median_run(run_s: float, stopped: bool):
+    """Two minutes into its run a long job is past the protection of a cluster of 5-minute runs (1 min), not of
+    one of hour-long runs (10 min): a job ten times shorter of its team and class takes its GPU in the first."""
+    now = 100_000.0
+    long_job = running(1, (0,), started_at=now - 120, declared_steps=10_000, observed_step_s=1.0, steps_done=120)
+    short_job = pending(2, declared_steps=30, observed_step_s=1.0, submitted_at=now - 10)
+    snap = replace(snapshot(hosts(1, 1), [short_job], [long_job], now=now),
+                   history=history_of_runs(run_s, MIN_SERVICE_HISTORY))
+    decisions = schedule(snap, PolicyConfig())
+    assert [(p.job_id, p.for_job) for p in decisions.preemptions] == ([(1, 2)] if stopped else [])
 
 
 @settings(max_examples=6, deadline=None)

@@ -1,7 +1,7 @@
 """The README's table: console against the SRSF oracle and Tiresias on the Pollux traces, per workload and load.
 
     python benchmarks/traces/pollux/table.py [--traces pollux] [--load 1] [--declarations exact,none] [--seed 0]
-        [--preempt-cost-s 0]
+        [--preempt-cost-s 0] [--pass-interval-s 300]
 
 Runs fifo, srtf-oracle, srsf-oracle and tiresias-2dlas once per trace and load (they read no declarations) and
 the console once per declaration mode, on 16 x 4 GPUs, every policy charged the same seconds per restart after a
@@ -22,7 +22,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from apps.scheduling.metrics import Summary  # noqa: E402
-from apps.scheduling.simulate import simulate  # noqa: E402
+from apps.scheduling.simulate import BEAT_S, simulate  # noqa: E402
+from apps.scheduling.simulation import beat  # noqa: E402
 from apps.scheduling.trace import with_declarations, with_load  # noqa: E402
 from benchmarks.scheduler import expand_traces, load_named_trace, trace_setup  # noqa: E402
 
@@ -62,7 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--preempt-cost-s", type=float, default=0.0, help="seconds lost per restart, every policy"
     )
+    parser.add_argument(
+        "--pass-interval-s", type=float, default=BEAT_S,
+        help=f"the simulated console beat (default {BEAT_S:g}); 0: passes only at events and wake-ups",
+    )
     args = parser.parse_args(argv)
+    try:
+        every = beat(args.pass_interval_s or None)
+    except ValueError as error:
+        parser.error(f"--pass-interval-s: {error}")
     loads = [float(x) for x in args.load.split(",")]
     modes = args.declarations.split(",")
     print(
@@ -77,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         for load in loads:
             jobs = with_load(truth, load)
             cost = args.preempt_cost_s
-            base = {name: figures(simulate(jobs, cluster, name, cost)) for name in BASELINES}
+            base = {name: figures(simulate(jobs, cluster, name, cost, pass_interval_s=every)) for name in BASELINES}
             for mode in modes:
                 declared = with_declarations(jobs, mode, args.seed)
-                f = {**base, "console": figures(simulate(declared, cluster, "console", cost))}
+                f = {**base, "console": figures(simulate(declared, cluster, "console", cost, pass_interval_s=every))}
                 runs.setdefault((pollux_load(trace), load, mode), []).append(f)
                 print(row(trace, load, mode, f), flush=True)
     for (set_load, load, mode), found in runs.items():
