@@ -30,7 +30,10 @@ class PolicyConfig:
     # enough (RuntimeHistory.median_run_s; preemption.with_learned_protection): ten minutes is a fifth of a typical
     # hour-long run, but longer than most runs of a cluster of short jobs (the Pollux workloads: median 5 min),
     # where a short arrival then waits up to ten minutes behind a job that has just started. 0: the fixed minimum.
+    # Never below `min_run_floor_s`: a cluster of many tiny jobs (CI smoke tests of seconds) would otherwise
+    # protect nothing, and a restart (dispatch, container start, checkpoint load) costs tens of seconds.
     min_run_median_fraction: float = 0.2
+    min_run_floor_s: float = 60.0
     max_preemptions_per_job: int = 3
     preempt_protection_growth: float = 2.0
     max_protection_s: float = 6 * HOUR

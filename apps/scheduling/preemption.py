@@ -35,11 +35,15 @@ SHORTER = "shorter"
 
 def with_learned_protection(config: PolicyConfig, history: RuntimeHistory | None) -> PolicyConfig:
     """The config a pass runs with: its minimum run before preemption no longer than `min_run_median_fraction` of
-    the median run time of the cluster's finished jobs (RuntimeHistory.median_run_s), once it has enough of them."""
+    the median run time of the cluster's finished jobs (RuntimeHistory.median_run_s), once it has enough of them,
+    nor shorter than `min_run_floor_s` (unless the configured minimum itself is)."""
     median = history.median_run_s() if history is not None and config.min_run_median_fraction > 0 else None
-    if median is None or config.min_run_median_fraction * median >= config.min_run_before_preempt_s:
+    if median is None:
         return config
-    return replace(config, min_run_before_preempt_s=config.min_run_median_fraction * median)
+    learned = max(config.min_run_median_fraction * median, config.min_run_floor_s)
+    if learned >= config.min_run_before_preempt_s:
+        return config
+    return replace(config, min_run_before_preempt_s=learned)
 
 
 def protected_run_s(preemptions: int, config: PolicyConfig) -> float:

@@ -205,6 +205,12 @@ def test_the_protection_is_no_longer_than_a_fifth_of_the_clusters_median_run():
     assert with_learned_protection(config, None) is config
     off = replace(config, min_run_median_fraction=0.0)
     assert with_learned_protection(off, history_of_runs(300.0, MIN_SERVICE_HISTORY)) is off
+    # Runs of seconds (smoke tests from CI): still a minute, what a restart costs, not a second.
+    tiny = with_learned_protection(config, history_of_runs(5.0, MIN_SERVICE_HISTORY))
+    assert tiny.min_run_before_preempt_s == config.min_run_floor_s == 60.0
+    # A configured minimum below the floor stays as configured.
+    none_configured = replace(config, min_run_before_preempt_s=0.0)
+    assert with_learned_protection(none_configured, history_of_runs(5.0, MIN_SERVICE_HISTORY)) is none_configured
 
 
 @pytest.mark.parametrize(("run_s", "stopped"), [(300.0, True), (3600.0, False)])
