@@ -44,8 +44,7 @@ if str(REPO) not in sys.path:
 from apps.scheduling.metrics import Summary  # noqa: E402
 from apps.scheduling.packing import PackingConfig  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
-from apps.scheduling.simulate import BEAT_S, POLICY_NAMES, simulate  # noqa: E402
-from apps.scheduling.simulation import MIN_PASS_INTERVAL_S, beat  # noqa: E402
+from apps.scheduling.simulate import BEAT_S, POLICY_NAMES, add_beat_argument, simulate  # noqa: E402
 from apps.scheduling.synthetic import synthetic_snapshot  # noqa: E402
 from apps.scheduling.trace import (  # noqa: E402
     DECLARATION_MODES,
@@ -319,10 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", default="trace3,trace4,trace1")
     parser.add_argument("--runtime-model", choices=("muri", "duration"), default="muri")
     parser.add_argument("--preempt-cost-s", type=float, default=30.0, help="also run console with this cost")
-    parser.add_argument(
-        "--pass-interval-s", type=float, default=BEAT_S,
-        help=f"the simulated console beat (default {BEAT_S:g}); 0: passes only at events and wake-ups",
-    )
+    add_beat_argument(parser)
     parser.add_argument("--passes", type=int, default=9)
     parser.add_argument("--skip-traces", action="store_true")
     parser.add_argument("--declarations", default="exact,noisy,partial,none", help="comma list of modes")
@@ -338,10 +334,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--load: expected a comma list of numbers, not {args.load!r}")
     if not loads or any(f <= 0 for f in loads):
         parser.error("--load: every factor must be positive")
-    try:
-        args.pass_interval_s = beat(args.pass_interval_s or None)
-    except ValueError:
-        parser.error(f"--pass-interval-s: expected 0 (no beat) or at least {MIN_PASS_INTERVAL_S:g} seconds")
     modes = [m for m in args.declarations.split(",") if m]
     unknown = [m for m in modes if m not in DECLARATION_MODES]
     if unknown:

@@ -868,8 +868,8 @@ class ConsolePass:
         """The replay's queue with, for its first jobs (`jobs`, in queue order), when each would move on to its next
         attained-service queue once started (no earlier than its protection allows) and its order there, if its
         team's best waiting job now would then outrank it: the replay stops it again for a waiting job that may
-        (Waiting.slice_s), as shortest-first over attained service time-slices jobs that declare nothing. Without this a job at place 34
-        of trace4 was told 25 h and started after 31 minutes."""
+        (Waiting.slice_s), as shortest-first over attained service time-slices jobs that declare nothing. Without
+        this a job at place 34 of trace4 was told 25 h and started after 31 minutes."""
         config = self.config
         if not (jobs and config.srpt_preemption and config.ordering == "shortest-remaining"):
             return queue

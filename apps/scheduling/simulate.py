@@ -67,6 +67,27 @@ POLICY_NAMES = (
 )
 
 
+
+def _beat_option(text: str) -> float | None:
+    """--pass-interval-s as the simulator takes it: 0 is no beat (None); shorter than MIN_PASS_INTERVAL_S or
+    infinite is refused (simulation.beat)."""
+    try:
+        return beat(float(text) or None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (no beat) or at least {MIN_PASS_INTERVAL_S:g} seconds, not {text!r}"
+        ) from None
+
+
+def add_beat_argument(parser: argparse.ArgumentParser) -> None:
+    """The command lines' --pass-interval-s (this one, benchmarks/scheduler.py, the Pollux table): the parsed value
+    is what Simulator and simulate() take."""
+    parser.add_argument(
+        "--pass-interval-s", type=_beat_option, default=BEAT_S,
+        help=f"also pass at least this often while jobs wait and others run (the console's beat; default "
+        f"{BEAT_S:g}); 0: only at arrivals, ends and the pass's wake-ups",
+    )
+
 def assign_teams(jobs: list[TraceJob], teams: int) -> list[TraceJob]:
     """Spread a team-less trace over N teams (job id modulo N), each user its own per team."""
     if teams <= 1:
@@ -268,17 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "noisy (lognormal sigma 1), partial (30%% declare nothing) or none",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the noisy and partial declarations")
-    parser.add_argument(
-        "--pass-interval-s", type=float, default=BEAT_S,
-        help=f"also pass at least this often while jobs wait and others run (the console's beat; default "
-        f"{BEAT_S:g}); 0: only at arrivals, ends and the pass's wake-ups",
-    )
+    add_beat_argument(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        args.pass_interval_s = beat(args.pass_interval_s or None)
-    except ValueError:
-        parser.error(f"--pass-interval-s: expected 0 (no beat) or at least {MIN_PASS_INTERVAL_S:g} seconds")
 
     jobs = assign_teams(load_trace(args.trace, args.format, args.runtime_model), args.teams)
     jobs = with_declarations(jobs, args.declarations, args.seed)

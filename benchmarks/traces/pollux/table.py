@@ -22,8 +22,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from apps.scheduling.metrics import Summary  # noqa: E402
-from apps.scheduling.simulate import BEAT_S, simulate  # noqa: E402
-from apps.scheduling.simulation import beat  # noqa: E402
+from apps.scheduling.simulate import add_beat_argument, simulate  # noqa: E402
 from apps.scheduling.trace import with_declarations, with_load  # noqa: E402
 from benchmarks.scheduler import expand_traces, load_named_trace, trace_setup  # noqa: E402
 
@@ -63,15 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--preempt-cost-s", type=float, default=0.0, help="seconds lost per restart, every policy"
     )
-    parser.add_argument(
-        "--pass-interval-s", type=float, default=BEAT_S,
-        help=f"the simulated console beat (default {BEAT_S:g}); 0: passes only at events and wake-ups",
-    )
+    add_beat_argument(parser)
     args = parser.parse_args(argv)
-    try:
-        every = beat(args.pass_interval_s or None)
-    except ValueError as error:
-        parser.error(f"--pass-interval-s: {error}")
+    every = args.pass_interval_s
     loads = [float(x) for x in args.load.split(",")]
     modes = args.declarations.split(",")
     print(
@@ -86,10 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         for load in loads:
             jobs = with_load(truth, load)
             cost = args.preempt_cost_s
-            base = {name: figures(simulate(jobs, cluster, name, cost, pass_interval_s=every)) for name in BASELINES}
+            base = {
+                name: figures(simulate(jobs, cluster, name, cost, pass_interval_s=every)) for name in BASELINES
+            }
             for mode in modes:
                 declared = with_declarations(jobs, mode, args.seed)
-                f = {**base, "console": figures(simulate(declared, cluster, "console", cost, pass_interval_s=every))}
+                console = simulate(declared, cluster, "console", cost, pass_interval_s=every)
+                f = {**base, "console": figures(console)}
                 runs.setdefault((pollux_load(trace), load, mode), []).append(f)
                 print(row(trace, load, mode, f), flush=True)
     for (set_load, load, mode), found in runs.items():
