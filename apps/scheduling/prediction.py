@@ -70,6 +70,10 @@ PRIOR_DECLARATION_WEIGHT = 2.0
 # nothing of a job's length, had its median JCT at 138 h against Tiresias' 5 h, from similar runs believed as
 # sure as they agreed with each other).
 SIMILAR_WINDOW = 50
+# Runs of other GPU counts than the job's are similar runs only this many at least (one of the same GPU count is
+# enough: Pollux's workloads without declarations, 1.07-1.11x the SRSF oracle against 1.12-1.31x with three of
+# either asked for; benchmarks/traces/pollux/README.md).
+MIN_SIMILAR_RUNS = 3
 PRIOR_SIMILAR_SIGMA = 0.5
 PRIOR_SIMILAR_WEIGHT = 2.0
 MAX_SIMILAR_SIGMA = 1.0
@@ -237,9 +241,12 @@ class RuntimeHistory:
     def similar_remaining(
         self, user: str, similarity_key: str, gpus: int, elapsed_s: float
     ) -> tuple[float, float] | None:
-        """(log of the median remaining run time, its spread) of similar finished runs that outlasted `elapsed_s`
-        (the user's own first, else anyone's; same GPU count first), or None with fewer than 3 such runs. Runs that
-        say their work size are left out (their run time scales with it; predict() handles them)."""
+        """(log of the median remaining run time, its spread) of similar finished runs that outlasted `elapsed_s`,
+        or None. Runs of the same GPU count first (a program's run time changes with its GPUs), the user's own
+        before anyone's; one is enough, its spread then MIN_SIGMA: how far to believe it is the program's record
+        (similar_sigma, which the caller weighs by). Else runs of any GPU count, at least MIN_SIMILAR_RUNS of them,
+        the user's own first. Runs that say their work size are left out (their run time scales with it;
+        predict() handles them)."""
         if similarity_key not in self._anyone:  # (no run of the program at all: nothing to look up)
             return None
         # (elapsed rounded down to 10 minutes, so that one answer serves many jobs and passes)
@@ -248,14 +255,16 @@ class RuntimeHistory:
         if key in self._residuals:
             return self._residuals[key]
         result = None
-        for runs in (self._runs.get((user, similarity_key)), self._anyone.get(similarity_key)):
-            if not runs:
-                continue
-            plain = [r for r in runs if r.work is None]
-            same = [r for r in plain if r.gpus == gpus] or plain
-            logs = [math.log(r.runtime_s - elapsed_s) for r in same if r.runtime_s > elapsed_s + 1.0]
-            if len(logs) >= 3:
-                result = (median(logs), _log_spread(logs))
+        groups = (self._runs.get((user, similarity_key)), self._anyone.get(similarity_key))
+        plains = [[r for r in runs if r.work is None] for runs in groups if runs]
+        tries = [
+            *(([r for r in plain if r.gpus == gpus], 1) for plain in plains),
+            *((p, MIN_SIMILAR_RUNS) for p in plains),
+        ]
+        for runs, least in tries:
+            logs = [math.log(r.runtime_s - elapsed_s) for r in runs if r.runtime_s > elapsed_s + 1.0]
+            if logs and len(logs) >= least:
+                result = (median(logs), _log_spread(logs) if len(logs) > 1 else MIN_SIGMA)
                 break
         self._residuals[key] = result
         return result

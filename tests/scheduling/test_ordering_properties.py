@@ -132,6 +132,26 @@ def test_similar_runs_order_a_job_as_far_as_they_have_foretold_its_program():
     assert estimate_service(fresh, 0.0, erratic).remaining_gpu_s == pytest.approx(no_similar.remaining_gpu_s)
 
 
+def test_one_run_of_the_same_gpu_count_is_a_similar_run_and_other_counts_need_three():
+    history = RuntimeHistory()
+    # (cifar10 in Pollux's workloads: its run time depends on its GPU count; 8 GPUs ran once, in 6,000 s)
+    for gpus, runtime in ((4, 12_000.0), (4, 13_000.0), (16, 9_000.0), (8, 6_000.0)):
+        history.record("u", "cifar10", FinishedRun(gpus, runtime, None))
+    log_remaining, spread = history.similar_remaining("v", "cifar10", 8, 0.0)
+    assert math.exp(log_remaining) == pytest.approx(6_000.0)
+    # (how far to believe one run is the program's record, similar_sigma, which the order weighs by)
+    assert spread < history.similar_sigma("cifar10")
+    # a job that has outlasted the one 8-GPU run, or one of a GPU count never run: runs of every count (four)
+    assert math.exp(history.similar_remaining("v", "cifar10", 8, 6_600.0)[0]) == pytest.approx(5_400.0)
+    assert math.exp(history.similar_remaining("v", "cifar10", 2, 0.0)[0]) == pytest.approx(math.sqrt(9e3 * 12e3))
+    # ... but not fewer than three of them
+    sparse = RuntimeHistory()
+    for gpus, runtime in ((4, 12_000.0), (16, 9_000.0)):
+        sparse.record("u", "cifar10", FinishedRun(gpus, runtime, None))
+    assert sparse.similar_remaining("v", "cifar10", 2, 0.0) is None
+    assert sparse.similar_remaining("v", "cifar10", 4, 0.0) is not None
+
+
 @st.composite
 def histories(draw) -> RuntimeHistory:
     history = RuntimeHistory()
