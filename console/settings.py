@@ -236,6 +236,9 @@ SCHEDULER = {
     # ... and at most this fraction of the median run time of the finished jobs (0: the fixed minimum only)
     "min_run_median_fraction": env_float("CONSOLE_MIN_RUN_MEDIAN_FRACTION", 0.2, minimum=0.0),
     "max_preemptions_per_job": env_int("CONSOLE_MAX_PREEMPTIONS_PER_JOB", 3, minimum=0),
+    # Aging (a waiting job's score over 1 + waited / aging time): ten days, or this many times the 90th
+    # percentile of the cluster's run times if that is shorter, never under an hour (0: ten days)
+    "aging_long_run_multiple": env_float("CONSOLE_AGING_LONG_RUN_MULTIPLE", 4.5, minimum=0.0),
     "borrowing": env_bool("CONSOLE_SCHEDULER_BORROWING", True),
     "backfill": env_bool("CONSOLE_SCHEDULER_BACKFILL", False),
 }

@@ -50,6 +50,14 @@ class PolicyConfig:
     # alone (over the aging boost). "fifo": submit time.
     ordering: str = "shortest-remaining"
     aging_s: float = 10 * DAY
+    # ... and no longer than this many times the 90th percentile of the cluster's run times (the finished jobs'
+    # and, as far as they have gone, the running jobs': ordering.with_learned_aging), once enough jobs have
+    # finished: ten days is four and a half long runs of the Muri traces (their 90th percentile 53 h), but a
+    # month of Pollux's (under an hour), where aging then never lifts a waiting long job. 0: the fixed aging_s.
+    # Never below `aging_floor_s`: a burst of tiny jobs (a CI pipeline's smoke tests) would otherwise turn the
+    # order first-come first-served within minutes.
+    aging_long_run_multiple: float = 4.5
+    aging_floor_s: float = HOUR
     # Fair share: penalty = 2 ** (weight * usage fraction / share fraction), per team and per user in a team.
     fair_share_weight: float = 1.0
     # Half-life of usage decay (the console decays its own usage records; the simulator uses this).

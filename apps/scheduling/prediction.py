@@ -163,6 +163,7 @@ class RuntimeHistory:
         self._cache: dict[tuple[object, ...], tuple[float | None, float | None]] = {}
         self._run_times: deque[float] = deque(maxlen=SERVICE_WINDOW)
         self._median_run_s: float | None = None
+        self._sorted_run_times: list[float] | None = None
         self._queues: dict[tuple[float, ...], tuple[ServiceQueue, ...]] = {}
         # user -> log(real steps / declared steps) of their finished runs
         self._declared: dict[str, deque[float]] = {}
@@ -188,6 +189,7 @@ class RuntimeHistory:
             self._run_times.append(run.runtime_s)
             self._queues.clear()
             self._median_run_s = None
+            self._sorted_run_times = None
         if run.declared_steps and run.steps:
             self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
                 math.log(run.steps / run.declared_steps)
@@ -207,6 +209,15 @@ class RuntimeHistory:
         if self._median_run_s is None:
             self._median_run_s = statistics.median(self._run_times)
         return self._median_run_s
+
+    def run_times(self) -> list[float]:
+        """The run times of the finished runs recorded lately (the service window), ascending (cached until the next
+        record: do not change it); empty before MIN_SERVICE_HISTORY of them."""
+        if len(self._run_times) < MIN_SERVICE_HISTORY:
+            return []
+        if self._sorted_run_times is None:
+            self._sorted_run_times = sorted(self._run_times)
+        return self._sorted_run_times
 
     def service_queues(self, quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
         """The attained-service queues learned from finished runs (learn_queues), cached until the next record."""

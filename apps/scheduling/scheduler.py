@@ -40,6 +40,7 @@ from apps.scheduling.ordering import (
     aging_boost,
     estimate_service,
     service_estimate,
+    with_learned_aging,
 )
 from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
 from apps.scheduling.prediction import MIN_DECISION_REMAINING_S, predict_remaining
@@ -1079,7 +1080,8 @@ def schedule_console(snapshot: Snapshot, config: PolicyConfig) -> Decisions:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return ConsolePass(snapshot, with_learned_protection(config, snapshot.history)).run()
+        config = with_learned_aging(with_learned_protection(config, snapshot.history), snapshot)
+        return ConsolePass(snapshot, config).run()
     finally:
         if collecting:
             gc.enable()

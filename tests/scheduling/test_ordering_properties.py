@@ -12,7 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.scheduling.config import PolicyConfig
-from apps.scheduling.ordering import EMPTY_HISTORY, NeverRun, estimate_service, service_estimate
+from apps.scheduling.ordering import (
+    EMPTY_HISTORY,
+    NeverRun,
+    estimate_service,
+    service_estimate,
+    with_learned_aging,
+)
 from apps.scheduling.policy import schedule
 from apps.scheduling.prediction import (
     COLD_THRESHOLDS_S,
@@ -244,6 +250,41 @@ def test_a_short_job_stops_a_long_one_after_a_fifth_of_the_clusters_median_run(r
                    history=history_of_runs(run_s, MIN_SERVICE_HISTORY))
     decisions = schedule(snap, PolicyConfig())
     assert [(p.job_id, p.for_job) for p in decisions.preemptions] == ([(1, 2)] if stopped else [])
+
+
+def test_the_aging_is_no_longer_than_four_and_a_half_of_the_clusters_long_runs():
+    config = PolicyConfig()
+    assert config.aging_s == 10 * 24 * 3600 and config.aging_long_run_multiple == 4.5
+
+    def snap_with(run_s: float, count: int = MIN_SERVICE_HISTORY, running_jobs=()) -> Snapshot:
+        return replace(snapshot(hosts(1, 8), [], running_jobs), history=history_of_runs(run_s, count))
+
+    # Runs of 50 minutes: waiting 3.75 hours halves a job's score, not ten days.
+    assert with_learned_aging(config, snap_with(3000.0)).aging_s == pytest.approx(13_500.0)
+    # Runs of three days, too few runs to tell, no history, or the rule turned off: the configured ten days.
+    assert with_learned_aging(config, snap_with(3 * 86_400.0)) is config
+    assert with_learned_aging(config, snap_with(3000.0, MIN_SERVICE_HISTORY - 1)) is config
+    assert with_learned_aging(config, snapshot(hosts(1, 8))) is config
+    off = replace(config, aging_long_run_multiple=0.0)
+    assert with_learned_aging(off, snap_with(3000.0)) is off
+    # Running jobs count with what they have run so far: long runs that have not finished yet (early in a
+    # cluster's life) keep the aging long.
+    long_runs = [running(i, (i,), started_at=100_000.0 - 36_000.0) for i in range(5)]
+    assert with_learned_aging(config, snap_with(3000.0, running_jobs=long_runs)).aging_s == pytest.approx(162_000.0)
+    # Runs of seconds (CI smoke tests): an hour at least.
+    assert with_learned_aging(config, snap_with(5.0)).aging_s == config.aging_floor_s == 3600.0
+
+
+@pytest.mark.parametrize(("run_s", "first"), [(3000.0, 1), (3 * 86_400.0, 2)])
+def test_a_job_waiting_two_days_goes_first_where_runs_last_an_hour_not_where_they_last_days(run_s: float, first: int):
+    """A job declaring 10x the steps of a fresh one, waiting for two days: where the cluster's runs last 50
+    minutes that wait counts (aging 3.75 h) and it takes the one GPU; where they last three days it does not (the
+    configured ten days)."""
+    now = 1_000_000.0
+    waited = pending(1, declared_steps=20_000, observed_step_s=1.0, submitted_at=now - 2 * 86_400)
+    fresh = pending(2, declared_steps=2_000, observed_step_s=1.0, submitted_at=now - 10)
+    snap = replace(snapshot(hosts(1, 1), [waited, fresh], now=now), history=history_of_runs(run_s, MIN_SERVICE_HISTORY))
+    assert [p.job_id for p in schedule(snap, PolicyConfig()).placements] == [first]
 
 
 @settings(max_examples=6, deadline=None)
