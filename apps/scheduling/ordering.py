@@ -65,6 +65,10 @@ class FairShare:
         return self._team.get(team, 1.0) * self._user.get((team, user), 1.0)
 
 
+# The share of the cluster's runs that a "long run" outlasts (with_learned_aging).
+LONG_RUN_QUANTILE = 0.9
+
+
 def with_learned_aging(config: PolicyConfig, snapshot: Snapshot) -> PolicyConfig:
     """The config a pass runs with: its aging time no longer than `aging_long_run_multiple` times the 90th
     percentile of the cluster's run times, once enough jobs have finished (RuntimeHistory.run_times), nor shorter
@@ -82,10 +86,6 @@ def with_learned_aging(config: PolicyConfig, snapshot: Snapshot) -> PolicyConfig
     if learned >= config.aging_s:
         return config
     return replace(config, aging_s=learned)
-
-
-# The share of the cluster's runs that a "long run" outlasts (with_learned_aging).
-LONG_RUN_QUANTILE = 0.9
 
 
 def aging_boost(submitted_at: float, now: float, aging_s: float) -> float:
