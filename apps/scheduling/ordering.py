@@ -136,10 +136,12 @@ def estimate_service(
     - declared steps left x step time (observed, else of similar runs), as sure as the user's past declarations
       were right (RuntimeHistory.declaration_sigma); once the job has run past what it declared, a fraction of
       what it has run (prediction.py's overrun rule: trace3 noisy 61 h against 64 h with attained service alone);
-    - for a job that declares nothing: similar finished runs (same user and program first) that outlasted the
-      job's run so far, as sure as they agree with each other and as they have foretold the program's finished
-      runs (RuntimeHistory.similar_sigma); not at all once they have been off by more than MAX_SIMILAR_SIGMA
-      (with a declaration they only hurt: trace3 noisy 65 h against 72 h).
+    - similar finished runs (same user and program first) that outlasted the job's run so far, as sure as they
+      agree with each other and as they have foretold the program's finished runs (RuntimeHistory.similar_sigma);
+      not at all once they have been off by more than MAX_SIMILAR_SIGMA. Beside a declaration too, each weighed
+      by its own record: Pollux's workloads with noisy declarations (sigma 1), where a program's runs are alike,
+      1.06 / 1.18 / 1.19x the SRSF oracle at load 1.0 / 1.5 / 2.0 with the declaration alone, 1.03 / 1.06 / 1.06x
+      with both; Muri trace3, whose model names say nothing of a run's length, within 1 % either way.
 
     With exact declarations the declaration dominates (shortest remaining first); with none the order is 2D-LAS
     over queues learned from history; noisy or partial declarations weigh in as far as they have been right.
@@ -252,7 +254,7 @@ class NeverRun:
             left_gpu_s = left_s * held
             total += math.log(1.0 if left_gpu_s < 1.0 else left_gpu_s) * w  # (max(left_gpu_s, 1.0))
             weight += w
-        if program is not None and declared is None:
+        if program is not None:
             similar = history.similar_remaining(job.user, program, job.gpus, 0.0)
             trust = history.similar_sigma(program) if similar is not None else 0.0
             if similar is not None and trust <= MAX_SIMILAR_SIGMA:
@@ -279,7 +281,7 @@ def _blended(
         w = 1.0 / history.declaration_sigma(job.user) ** 2
         total += math.log(max(left_s * held, 1.0)) * w
         weight += w
-    if job.similarity_key is not None and job.declared_steps is None:
+    if job.similarity_key is not None:
         similar = history.similar_remaining(job.user, job.similarity_key, job.gpus, elapsed)
         # (as sure as they agree with each other, and no surer than they have foretold the program's runs)
         trust = history.similar_sigma(job.similarity_key) if similar is not None else 0.0

@@ -95,7 +95,8 @@ def _history(declared_factor: float, runs: int = 30) -> RuntimeHistory:
 
 
 def test_a_declaration_weighs_as_far_as_its_user_has_been_right():
-    job = pending(1, declared_steps=50_000, observed_step_s=1.0, similarity_key="m")
+    # (a program of its own: the history's runs of "m" would be its similar runs, weighed beside the declaration)
+    job = pending(1, declared_steps=50_000, observed_step_s=1.0, similarity_key="new")
     honest = estimate_service(job, 0.0, _history(1.0)).remaining_gpu_s
     assert honest == pytest.approx(50_000, rel=0.1)
     # The same declaration from a user whose declarations were 10x off says less: the estimate leans on history.
@@ -136,6 +137,19 @@ def test_similar_runs_order_a_job_as_far_as_they_have_foretold_its_program():
     assert erratic.similar_remaining("u", "m", 1, 0.0) is not None
     no_similar = estimate_service(pending(2, similarity_key="never-ran"), 0.0, erratic)
     assert estimate_service(fresh, 0.0, erratic).remaining_gpu_s == pytest.approx(no_similar.remaining_gpu_s)
+
+
+def test_similar_runs_weigh_beside_a_declaration_as_far_as_each_has_been_right():
+    # A program whose runs repeat (50,000 s each), submitted by a user whose declarations have been ten times short
+    # (on another program): it declares 5,000 s of steps, and the order believes its runs, not the declaration.
+    history = _program_history([50_000.0] * 12, "m")
+    for _ in range(30):
+        history.record("u", "other", FinishedRun(1, 1000.0, 1.0, declared_steps=100, steps=1000))
+    assert history.declaration_sigma("u") > 2.0 and history.similar_sigma("m") < 0.5
+    job = pending(1, similarity_key="m", declared_steps=5_000, observed_step_s=1.0)
+    assert estimate_service(job, 0.0, history).remaining_gpu_s == pytest.approx(50_000, rel=0.2)
+    # (the pass's shortcut for a job that never ran gives the same figure)
+    assert NeverRun(history).figures(job, 3600.0)[2] == pytest.approx(estimate_service(job, 0.0, history).remaining_gpu_s)
 
 
 def test_one_run_of_the_same_gpu_count_is_a_similar_run_and_other_counts_need_three():

@@ -71,10 +71,11 @@ def test_two_complementary_gangs_share_four_gpus_at_the_models_slowdown(monkeypa
 
 
 def test_a_job_whose_workload_was_never_measured_is_not_packed():
-    # Job 0 of model "b" ran 10 s, less than MEASURE_S: nothing is known of "b" when job 2 arrives.
+    # Job 0 of model "b" ran 10 s, less than MEASURE_S: nothing is known of "b" when job 2 arrives. (On 2 GPUs:
+    # a run of the same program and GPU count would be a similar run of job 2, ordering it before job 1.)
     assert simulate_module.MEASURE_S > 10.0
     jobs = [
-        job(0, 4, 0.0, 10.0, "b", CPU_LEAN),
+        job(0, 2, 0.0, 10.0, "b", CPU_LEAN),
         job(1, 4, 20.0, 1000.0, "a", BALANCED),
         job(2, 4, 30.0, 1000.0, "b", CPU_LEAN),
     ]
@@ -85,7 +86,7 @@ def test_a_job_whose_workload_was_never_measured_is_not_packed():
 def test_a_group_over_the_slowdown_bound_is_not_formed(monkeypatch):
     monkeypatch.setattr(simulate_module, "MEASURE_S", 0.0)
     jobs = [
-        job(0, 4, 0.0, 10.0, "c", CPU_HEAVY),
+        job(0, 2, 0.0, 10.0, "c", CPU_HEAVY),  # (on 2 GPUs: not a similar run of jobs 1 and 2, as above)
         job(1, 4, 20.0, 1000.0, "c", CPU_HEAVY),
         job(2, 4, 30.0, 1000.0, "c", CPU_HEAVY),
     ]
