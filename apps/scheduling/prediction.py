@@ -162,7 +162,6 @@ class RuntimeHistory:
         self._anyone: dict[str, _Group] = {}
         self._cache: dict[tuple[object, ...], tuple[float | None, float | None]] = {}
         self._run_times: deque[float] = deque(maxlen=SERVICE_WINDOW)
-        self._median_run_s: float | None = None
         self._sorted_run_times: list[float] | None = None
         self._queues: dict[tuple[float, ...], tuple[ServiceQueue, ...]] = {}
         # user -> log(real steps / declared steps) of their finished runs
@@ -188,7 +187,6 @@ class RuntimeHistory:
         if run.runtime_s > 0 and run.gpus > 0:
             self._run_times.append(run.runtime_s)
             self._queues.clear()
-            self._median_run_s = None
             self._sorted_run_times = None
         if run.declared_steps and run.steps:
             self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
@@ -204,11 +202,8 @@ class RuntimeHistory:
     def median_run_s(self) -> float | None:
         """The median run time of the finished runs recorded lately (the service window), None before
         MIN_SERVICE_HISTORY of them."""
-        if len(self._run_times) < MIN_SERVICE_HISTORY:
-            return None
-        if self._median_run_s is None:
-            self._median_run_s = statistics.median(self._run_times)
-        return self._median_run_s
+        times = self.run_times()
+        return statistics.median(times) if times else None
 
     def run_times(self) -> list[float]:
         """The run times of the finished runs recorded lately (the service window), ascending (cached until the next
@@ -274,7 +269,7 @@ class RuntimeHistory:
         ]
         for runs, least in tries:
             logs = [math.log(r.runtime_s - elapsed_s) for r in runs if r.runtime_s > elapsed_s + 1.0]
-            if logs and len(logs) >= least:
+            if len(logs) >= least:  # (least is at least 1)
                 result = (median(logs), _log_spread(logs) if len(logs) > 1 else MIN_SIGMA)
                 break
         self._residuals[key] = result

@@ -67,7 +67,6 @@ POLICY_NAMES = (
 )
 
 
-
 def _beat_option(text: str) -> float | None:
     """--pass-interval-s as the simulator takes it: 0 is no beat (None); shorter than MIN_PASS_INTERVAL_S or
     infinite is refused (simulation.beat)."""
@@ -87,6 +86,7 @@ def add_beat_argument(parser: argparse.ArgumentParser) -> None:
         help=f"also pass at least this often while jobs wait and others run (the console's beat; default "
         f"{BEAT_S:g}); 0: only at arrivals, ends and the pass's wake-ups",
     )
+
 
 def assign_teams(jobs: list[TraceJob], teams: int) -> list[TraceJob]:
     """Spread a team-less trace over N teams (job id modulo N), each user its own per team."""
