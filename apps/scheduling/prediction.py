@@ -17,6 +17,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import KeysView
 from dataclasses import dataclass
+from itertools import accumulate
 from statistics import median
 
 from apps.scheduling.types import PendingJob, RunningJob
@@ -163,6 +164,8 @@ class RuntimeHistory:
         self._cache: dict[tuple[object, ...], tuple[float | None, float | None]] = {}
         self._run_times: deque[float] = deque(maxlen=SERVICE_WINDOW)
         self._sorted_run_times: list[float] | None = None
+        # the sorted run times' running sums (expected_hold_s), from 0: cumulative[i] is the sum of the first i
+        self._cumulative_run_times: list[float] | None = None
         self._queues: dict[tuple[float, ...], tuple[ServiceQueue, ...]] = {}
         # user -> log(real steps / declared steps) of their finished runs
         self._declared: dict[str, deque[float]] = {}
@@ -188,6 +191,7 @@ class RuntimeHistory:
             self._run_times.append(run.runtime_s)
             self._queues.clear()
             self._sorted_run_times = None
+            self._cumulative_run_times = None
         if run.declared_steps and run.steps:
             self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
                 math.log(run.steps / run.declared_steps)
@@ -213,6 +217,28 @@ class RuntimeHistory:
         if self._sorted_run_times is None:
             self._sorted_run_times = sorted(self._run_times)
         return self._sorted_run_times
+
+    def expected_hold_s(self, elapsed: float, stopped_at: float) -> float | None:
+        """The run time still to go, on average, of a job that has run `elapsed` seconds and is stopped once it has
+        run `stopped_at` (math.inf: never), as the cluster's finished runs that outlasted `elapsed` say (each
+        counted up to `stopped_at`): how long it holds its GPUs in expectation. A median-like prediction of its run
+        says far less where run times are heavy-tailed (most runs minutes, a few days: Muri trace4). None before
+        MIN_SERVICE_HISTORY runs, or when none outlasted `elapsed`."""
+        run_times = self.run_times()
+        if not run_times:
+            return None
+        if self._cumulative_run_times is None:
+            self._cumulative_run_times = [0.0, *accumulate(run_times)]
+        cumulative = self._cumulative_run_times
+        first = bisect_right(run_times, elapsed)
+        outlasted = len(run_times) - first
+        if outlasted == 0:
+            return None
+        capped = bisect_right(run_times, stopped_at, lo=first)
+        total = cumulative[capped] - cumulative[first]
+        if capped < len(run_times):  # (the runs past stopped_at count as stopped_at)
+            total += (len(run_times) - capped) * stopped_at
+        return total / outlasted - elapsed
 
     def service_queues(self, quantiles: tuple[float, ...]) -> tuple[ServiceQueue, ...]:
         """The attained-service queues learned from finished runs (learn_queues), cached until the next record."""

@@ -175,6 +175,42 @@ def test_a_job_started_in_the_replay_is_stopped_again_once_it_moves_on(gpus, sho
     assert decisions.pending[2].estimated_start == pytest.approx(now + 1150)
 
 
+def _burst_behind(history: RuntimeHistory, program: str) -> list[float]:
+    """Four jobs of `program` that declare nothing, waiting on one GPU behind one that has run 50 s: their
+    estimated starts, seconds from now."""
+    now = 100_000.0
+    waiting = [pending(i, 1, submitted_at=now - 10 + i, similarity_key=program) for i in range(1, 5)]
+    snap = snapshot(hosts(1, 1), waiting, [running(10, (0,), started_at=now - 50, similarity_key=program)], now=now)
+    decisions = schedule(replace(snap, history=history), PolicyConfig())
+    assert not decisions.preemptions
+    return [decisions.pending[i].estimated_start - now for i in range(1, 5)]
+
+
+def test_a_burst_of_jobs_that_declare_nothing_is_told_how_long_such_jobs_hold_their_gpus():
+    """The program's runs took 1 day, 15 minutes, then 60 s (so they foretell its runs badly: similar_sigma over
+    MAX_SIMILAR_SIGMA), and its last twenty (the prediction, their median) 60 s. Attained service stops a job once
+    it moves on past 60 s and has run its protection (a fifth of the 480 s median run: 96 s), for the next job
+    that never ran; so a job holds its GPU min(its run, 96 s): 78 s on average over the runs (30 of 60 s, 30
+    stopped at 96 s), and the one running, 50 s in, 28 s more. Told by the median of 60 s, the four waiting jobs
+    were told 10, 70, 130 and 190 s (trace4 without declarations: hundreds of jobs of a burst, each said to hold
+    its GPU 3 minutes, held it about 20); told by the hold, 28, 106, 184 and 262 s."""
+    history = RuntimeHistory()
+    for seconds in [86_400.0] * 20 + [900.0] * 10 + [60.0] * 30:
+        history.record("u", "k", FinishedRun(1, seconds))
+    assert _burst_behind(history, "k") == pytest.approx([28.0, 106.0, 184.0, 262.0])
+
+
+def test_a_program_whose_runs_foretell_its_runs_keeps_its_prediction_in_the_replay():
+    """The same cluster's runs, but the waiting jobs' program always ran 60 s: its runs are believed (as the
+    order believes them), each holds its GPU 60 s, and the one running ends in 10."""
+    history = RuntimeHistory()
+    for seconds in [86_400.0] * 20 + [900.0] * 10:
+        history.record("u", "other", FinishedRun(1, seconds))
+    for _ in range(30):
+        history.record("u", "steady", FinishedRun(1, 60.0))
+    assert _burst_behind(history, "steady") == pytest.approx([10.0, 70.0, 130.0, 190.0])
+
+
 def test_the_replay_stops_a_time_sliced_job_after_its_slice_for_a_job_that_may_stop_it():
     """A job given a slice (Waiting.slice_s, moved_order) runs that long in the replay, then waits again behind the
     job that may stop it; without one, the job behind waits for its whole run."""

@@ -42,3 +42,20 @@ def test_a_job_past_its_prediction_is_never_expected_past_its_time_limit():
                   time_limit_s=11_000.0)
     assert predict_remaining_s(job, 10_000.0, None, 100.0) == pytest.approx(1000.0)
     assert predict_remaining_s(job, 11_500.0, None, 100.0) == 0.0
+
+
+def test_expected_hold_counts_each_run_that_outlasted_the_job_up_to_when_it_is_stopped():
+    """Runs of 1..40 minutes: a job that never ran holds its GPUs 20.5 minutes on average if nothing stops it,
+    8.875 if it is stopped after 10 (runs of 1..10 minutes, then 30 stopped at 10); one that has run 30 minutes
+    and is stopped at 35 has 4 to go (the ten runs past 30: 31..35, and five stopped at 35, less 30). None once no
+    run outlasted it, or before the history has enough runs."""
+    history = RuntimeHistory()
+    assert history.expected_hold_s(0.0, 600.0) is None
+    for minutes in range(1, 41):
+        history.record("u", "k", FinishedRun(1, minutes * 60.0))
+    assert history.expected_hold_s(0.0, float("inf")) == pytest.approx(20.5 * 60)
+    assert history.expected_hold_s(0.0, 600.0) == pytest.approx(8.875 * 60)
+    assert history.expected_hold_s(1800.0, 2100.0) == pytest.approx(4 * 60)
+    assert history.expected_hold_s(41 * 60.0, 10**9) is None
+    history.record("u", "k", FinishedRun(1, 3600.0))  # (a new run is counted: the cached sums start again)
+    assert history.expected_hold_s(41 * 60.0, 10**9) == pytest.approx(3600.0 - 41 * 60)
