@@ -175,12 +175,13 @@ def test_a_job_started_in_the_replay_is_stopped_again_once_it_moves_on(gpus, sho
     assert decisions.pending[2].estimated_start == pytest.approx(now + 1150)
 
 
-def _burst_behind(history: RuntimeHistory, program: str) -> list[float]:
+def _burst_behind(history: RuntimeHistory, program: str, preemptible: bool = True) -> list[float]:
     """Four jobs of `program` that declare nothing, waiting on one GPU behind one that has run 50 s: their
     estimated starts, seconds from now."""
     now = 100_000.0
     waiting = [pending(i, 1, submitted_at=now - 10 + i, similarity_key=program) for i in range(1, 5)]
-    snap = snapshot(hosts(1, 1), waiting, [running(10, (0,), started_at=now - 50, similarity_key=program)], now=now)
+    ahead = running(10, (0,), started_at=now - 50, similarity_key=program, preemptible=preemptible)
+    snap = snapshot(hosts(1, 1), waiting, [ahead], now=now)
     decisions = schedule(replace(snap, history=history), PolicyConfig())
     assert not decisions.preemptions
     return [decisions.pending[i].estimated_start - now for i in range(1, 5)]
@@ -198,6 +199,16 @@ def test_a_burst_of_jobs_that_declare_nothing_is_told_how_long_such_jobs_hold_th
     for seconds in [86_400.0] * 20 + [900.0] * 10 + [60.0] * 30:
         history.record("u", "k", FinishedRun(1, seconds))
     assert _burst_behind(history, "k") == pytest.approx([28.0, 106.0, 184.0, 262.0])
+
+
+def test_a_job_that_nothing_may_stop_holds_its_gpus_for_its_prediction():
+    """The same runs, but the running job may not be preempted: no stop bounds its hold, and the mean of what the
+    runs that outlasted it still needed is a heavy tail's (days, where most end in a minute), so it keeps its
+    prediction (60 s, 10 s to go); the waiting jobs, which may be stopped, hold theirs 78 s each."""
+    history = RuntimeHistory()
+    for seconds in [86_400.0] * 20 + [900.0] * 10 + [60.0] * 30:
+        history.record("u", "k", FinishedRun(1, seconds))
+    assert _burst_behind(history, "k", preemptible=False) == pytest.approx([10.0, 88.0, 166.0, 244.0])
 
 
 def test_a_program_whose_runs_foretell_its_runs_keeps_its_prediction_in_the_replay():
