@@ -893,14 +893,15 @@ class ConsolePass:
         A job given a slice that declares nothing, and whose program's runs do not foretell its runs
         (_foretold_by_its_program), holds its GPUs in the replay at least as long as the cluster's finished runs
         that outlasted what it has run say it holds them until it may be stopped (RuntimeHistory.expected_hold_s),
-        and so does a running one (_ends): its prediction is median-like, and where most runs take minutes and a few
-        days (trace4) it said that each of the hundreds of jobs of a burst ahead would hold its GPU three minutes,
-        where they held it about twenty: told 19 minutes, started after 77. For such a job the slice is looked for
-        past the next queue too (moved on to the next it may not be outranked yet, and further on be: trace4's
-        floors at 3 min, 15 min and 31 h), for the first HELD_JOBS; the replay stops only the first SLICED_JOBS
-        (the estimates of the others, and of every job that declares, are as before: some 4 ms less a pass). Estimate lab (benchmarks/estimate_lab.py), median
-        error of the wait without declarations: trace4 0.76 -> 0.46, trace3 0.25 -> 0.17; with exact ones the
-        same. Only a hold with an end: one that may never be stopped would be held for the mean of a heavy tail
+        and so does a running one (_ends): its prediction is median-like, and where most runs take minutes and a
+        few days (trace4) it said that each of the hundreds of jobs of a burst ahead would hold its GPU three
+        minutes, where they held it about twenty: told 19 minutes, started after 77. For such a job the slice is
+        looked for past the next queue too (moved on to the next it may not be outranked yet, and further on be:
+        trace4's floors at 3 min, 15 min and 31 h), for the first HELD_JOBS; the replay stops only the first
+        SLICED_JOBS (the estimates of the others, and of every job that declares, are as before: some 4 ms less a
+        pass). Estimate lab (benchmarks/estimate_lab.py), median error of the wait without declarations: trace4
+        0.76 -> 0.46, trace3 0.25 -> 0.17; with exact ones the same. Only a hold with an end: one that may never be
+        stopped would be held for the mean of a heavy tail
         (days), where most end in minutes (trace4: 0.46 -> 2.9)."""
         config = self.config
         if not (jobs and config.srpt_preemption and config.ordering == "shortest-remaining"):
