@@ -205,9 +205,9 @@ class ConsolePass:
     # its keys (CPython 3.11), every read of one a lookup.
     __slots__ = (
         "behind_reasons", "borrow_reasons", "candidates", "capacity_reasons", "confidence", "config",
-        "container_total", "expected", "fair", "fence", "free", "moved_remaining", "no_fit", "now", "pending", "placed_ends",
-        "placed_jobs", "placements", "preemptions", "quotas", "reservation", "schedulable_total", "scores",
-        "searches", "service", "sharers", "snapshot", "states", "team_held", "team_lends", "user_held",
+        "container_total", "expected", "fair", "fence", "free", "moved_remaining", "no_fit", "now", "pending",
+        "placed_ends", "placed_jobs", "placements", "preemptions", "quotas", "reservation", "schedulable_total",
+        "scores", "searches", "service", "sharers", "snapshot", "states", "team_held", "team_lends", "user_held",
         "victim_index", "widest_host",
     )
 
@@ -885,10 +885,10 @@ class ConsolePass:
 
     def _with_slices(self, queue: list[Waiting], jobs: list[PendingJob]) -> list[Waiting]:
         """The replay's queue with, for its first jobs (`jobs`, in queue order), when each once started would move on
-        to the first later attained-service queue where its team's best waiting job now would outrank it (no
-        earlier than its protection allows) and its order there: the replay stops it again then for a waiting job
-        that may (Waiting.slice_s), as shortest-first over attained service time-slices jobs that declare nothing.
-        Without this a job at place 34 of trace4 was told 25 h and started after 31 minutes.
+        to its next attained-service queue (no earlier than its protection allows) and its order there, if its
+        team's best waiting job now would then outrank it: the replay stops it again for a waiting job that may
+        (Waiting.slice_s), as shortest-first over attained service time-slices jobs that declare nothing. Without
+        this a job at place 34 of trace4 was told 25 h and started after 31 minutes.
 
         A job given a slice that declares nothing, and whose program's runs do not foretell its runs
         (_foretold_by_its_program), holds its GPUs in the replay at least as long as the cluster's finished runs
@@ -901,8 +901,7 @@ class ConsolePass:
         SLICED_JOBS (the estimates of the others, and of every job that declares, are as before: some 4 ms less a
         pass). Estimate lab (benchmarks/estimate_lab.py), median error of the wait without declarations: trace4
         0.76 -> 0.46, trace3 0.25 -> 0.17; with exact ones the same. Only a hold with an end: one that may never be
-        stopped would be held for the mean of a heavy tail
-        (days), where most end in minutes (trace4: 0.46 -> 2.9)."""
+        stopped would be held for the mean of a heavy tail (days), where most end in minutes (trace4: 0.46 -> 2.9)."""
         config = self.config
         if not (jobs and config.srpt_preemption and config.ordering == "shortest-remaining"):
             return queue
