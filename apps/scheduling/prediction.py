@@ -244,7 +244,7 @@ class RuntimeHistory:
         """The attained-service queues learned from finished runs (learn_queues), cached until the next record."""
         queues = self._queues.get(quantiles)
         if queues is None:
-            queues = self._queues[quantiles] = learn_queues(sorted(self._run_times), quantiles)
+            queues = self._queues[quantiles] = learn_queues(self.run_times(), quantiles)
         return queues
 
     def similar_sigma(self, similarity_key: str) -> float:

@@ -919,7 +919,7 @@ class ConsolePass:
             elapsed = job.attained_gpu_seconds / held
             index = service_estimate(job, self.now, history)[1] if elapsed else 0
             later = queues[index + 1:] if unknown else queues[index + 1:index + 2]
-            sliced = self._slice(job, held, elapsed, later, top_class, best_score)
+            sliced = self._slice(job, held, elapsed, later, history, top_class, best_score)
             if sliced is not None and n < SLICED_JOBS:
                 slices[job.job_id] = sliced
             if sliced is not None and unknown:
@@ -940,11 +940,10 @@ class ConsolePass:
 
     def _slice(
         self, job: PendingJob, held: float, elapsed: float, later: tuple[ServiceQueue, ...],
-        top_class: dict[str, int], best_score: dict[tuple[str, int], float],
+        history: RuntimeHistory, top_class: dict[str, int], best_score: dict[tuple[str, int], float],
     ) -> tuple[float, Order] | None:
         """(run time, order then) of the job once started, when it reaches the first of the `later` queues where
         its team's best waiting job now would outrank it (preemption.outranks); None if none would."""
-        history = self.snapshot.history or EMPTY_HISTORY
         step = job.observed_step_s
         # A job that never ran is, moved on, what any like it would be (a waiting job's estimate does not depend on
         # the moment): looked up once for the hundreds of a sweep.
