@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime-model", choices=("muri", "duration"), default="muri")
     parser.add_argument("--preempt-cost-s", type=float, default=30.0, help="also run console with this cost")
     add_beat_argument(parser)
-    parser.add_argument("--passes", type=int, default=9)
+    parser.add_argument("--passes", type=int, default=9, help="passes to time (0: time none)")
     parser.add_argument("--skip-traces", action="store_true")
     parser.add_argument("--declarations", default="exact,noisy,partial,none", help="comma list of modes")
     parser.add_argument("--policies", default="all", help="all, or a comma list")
@@ -343,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = list(POLICY_NAMES) if args.policies == "all" else [p for p in args.policies.split(",") if p]
     if any(p not in POLICY_NAMES for p in policies):
         parser.error(f"--policies: expected all or names among {', '.join(POLICY_NAMES)}")
+    if args.passes < 0:
+        parser.error("--passes: expected 0 (time none) or more")
     if not args.skip_traces:
         run_traces(
             args.traces_dir,
@@ -355,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             loads,
             args.pass_interval_s,
         )
-    time_pass(args.passes)
+    if args.passes:
+        time_pass(args.passes)
     return 0
 
 
