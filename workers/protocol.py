@@ -218,6 +218,25 @@ class JobSecrets:
 
 
 @dataclass(frozen=True)
+class ArrayTask:
+    """A task of a job array (apps/jobs/submission.py): the array's id (its first task's job id), this task's
+    index (0 to size - 1) and the array's size. The job sees them as CONSOLE_ARRAY_* (JobEnvironment)."""
+
+    array_id: int
+    index: int
+    size: int
+
+    @classmethod
+    def from_message(cls, message: Any) -> ArrayTask | None:
+        if message is None:
+            return None
+        task = cls(array_id=int(message["array_id"]), index=int(message["index"]), size=int(message["size"]))
+        if task.array_id < 1 or not 0 <= task.index < task.size:
+            raise ValueError(f"array task {task.index} of {task.size} (array {task.array_id}) is out of range")
+        return task
+
+
+@dataclass(frozen=True)
 class Dispatch:
     job_id: int
     attempt: int
@@ -243,6 +262,8 @@ class Dispatch:
     replica_secret: str = field(default="", repr=False)
     # Image, env, secrets, mounts, code and shm (issue 16); the default: a job on the host, as before.
     container: ContainerSpec = field(default_factory=ContainerSpec)
+    # A task of a job array; None for a job submitted alone.
+    array: ArrayTask | None = None
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
@@ -280,6 +301,7 @@ class Dispatch:
                 memory_gb=_positive_or_none(message.get("memory_gb"), "memory_gb"),
                 replica_secret=str(message.get("replica_secret") or ""),
                 container=ContainerSpec.from_message(message.get("container")),
+                array=ArrayTask.from_message(message.get("array")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None
@@ -428,11 +450,16 @@ ENV_GPU_MEMORY_FRACTION = "CONSOLE_GPU_MEMORY_FRACTION"
 ENV_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # The port a service's own server listens on (REPLICA_SERVER_PORT), in a replica from a user's image.
 ENV_SERVE_PORT = "CONSOLE_SERVE_PORT"
+# A task of a job array (Slurm's SLURM_ARRAY_JOB_ID, _TASK_ID, _TASK_COUNT): the array's id, the task's index
+# (0 to count - 1) and the number of tasks.
+ENV_ARRAY_JOB_ID = "CONSOLE_ARRAY_JOB_ID"
+ENV_ARRAY_TASK_ID = "CONSOLE_ARRAY_TASK_ID"
+ENV_ARRAY_TASK_COUNT = "CONSOLE_ARRAY_TASK_COUNT"
 # Every variable of a JobEnvironment: the agent drops inherited ones (--pass-env) before setting its own.
 JOB_ENV_VARIABLES = (ENV_JOB_ID, ENV_ATTEMPT, ENV_PRESET, ENV_MAX_STEPS, ENV_PROGRESS_FILE, ENV_CHECKPOINT_DIR,
                      ENV_CHECKPOINT_EVERY, ENV_OUTPUT_DIR, ENV_MODEL_PATH, ENV_DEVICE, ENV_JOB_TOKEN, ENV_API_URL,
                      REPLICA_SECRET_ENV, ENV_GPU_MEMORY_LIMIT_MB, ENV_GPU_MEMORY_FRACTION, ENV_VISIBLE_DEVICES,
-                     ENV_SERVE_PORT)
+                     ENV_SERVE_PORT, ENV_ARRAY_JOB_ID, ENV_ARRAY_TASK_ID, ENV_ARRAY_TASK_COUNT)
 # Where the agent puts the progress file, in the job's own folder.
 PROGRESS_FILE_NAME = "progress.jsonl"
 # The job API's path under the console's URL.
@@ -500,6 +527,9 @@ class JobEnvironment:
     gpu_memory_limit_mb: int | None = None
     gpu_memory_fraction: float | None = None
     serve_port: int | None = None
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_task_count: int | None = None
 
     def to_env(self) -> dict[str, str]:
         values: dict[str, str | int | float | Path | None] = {
@@ -509,7 +539,8 @@ class JobEnvironment:
             ENV_OUTPUT_DIR: self.output_dir, ENV_MODEL_PATH: self.model_path, ENV_DEVICE: self.device,
             ENV_API_URL: self.api_url, ENV_JOB_TOKEN: self.job_token, REPLICA_SECRET_ENV: self.replica_secret,
             ENV_GPU_MEMORY_LIMIT_MB: self.gpu_memory_limit_mb, ENV_GPU_MEMORY_FRACTION: self.gpu_memory_fraction,
-            ENV_SERVE_PORT: self.serve_port,
+            ENV_SERVE_PORT: self.serve_port, ENV_ARRAY_JOB_ID: self.array_job_id,
+            ENV_ARRAY_TASK_ID: self.array_task_id, ENV_ARRAY_TASK_COUNT: self.array_task_count,
         }
         env = {name: str(value) for name, value in values.items() if value is not None and value != ""}
         if self.visible_devices is not None:
@@ -538,6 +569,9 @@ class JobEnvironment:
             gpu_memory_limit_mb=env_int(env, ENV_GPU_MEMORY_LIMIT_MB),
             gpu_memory_fraction=_env_fraction(env, ENV_GPU_MEMORY_FRACTION),
             serve_port=env_int(env, ENV_SERVE_PORT),
+            array_job_id=env_int(env, ENV_ARRAY_JOB_ID),
+            array_task_id=env_int(env, ENV_ARRAY_TASK_ID),
+            array_task_count=env_int(env, ENV_ARRAY_TASK_COUNT),
         )
 
 

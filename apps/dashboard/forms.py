@@ -18,6 +18,7 @@ from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_STEPS, Job
 from apps.jobs.serializers import JobSubmitSerializer
 from apps.jobs.services import JobSpec
+from apps.jobs.submission import MAX_ARRAY_SIZE
 from apps.jobs.workload_shape import MAX_PARAMS_DEPTH
 from apps.quotas.models import Priority
 from workers.runtime.catalog import PRESETS, WORKLOADS
@@ -100,6 +101,9 @@ class JobSubmitForm(forms.Form):
     )
     max_steps = forms.IntegerField(required=False, min_value=1, max_value=MAX_STEPS, label="Max steps")
     max_retries = forms.IntegerField(min_value=0, max_value=3, initial=0, label="Retries after a lost host")
+    array_size = forms.IntegerField(required=False, min_value=1, max_value=MAX_ARRAY_SIZE, label="Array of tasks",
+                                    help_text="Blank: one job. N: a job array of N tasks, alike but for their index, "
+                                              "which each sees as CONSOLE_ARRAY_TASK_ID (0 to N-1).")
     shareable = forms.BooleanField(required=False, label="Shareable",
                                    help_text="A one-GPU job that may share its GPU with another shareable job when "
                                              "both are measured to leave it mostly idle.")
@@ -197,7 +201,8 @@ class JobSubmitForm(forms.Form):
             "mounts": data.get("mounts") or [], "shm_gb": data.get("shm_gb"),
         }
         for optional, value in (("preset", data.get("preset")), ("time_limit_minutes", data.get("time_limit_minutes")),
-                                ("code", self._code(data)), ("shareable", data.get("shareable"))):
+                                ("code", self._code(data)), ("shareable", data.get("shareable")),
+                                ("array_size", data.get("array_size"))):
             if value:
                 request[optional] = value
         serializer = JobSubmitSerializer(data=request)

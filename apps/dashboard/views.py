@@ -109,7 +109,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
         except DomainError as exc:
             form_refusal(form, exc)
         else:
-            messages.success(request, f"Job {job.pk} submitted.")
+            messages.success(request, f"Job array {job.pk} submitted: {job.array_size} tasks." if job.array_size
+                             else f"Job {job.pk} submitted.")
             return redirect("dashboard:job-detail", job_id=job.pk)
     status = 400 if request.method == "POST" else 200
     return render(request, "dashboard/job_new.html", {

@@ -106,6 +106,8 @@ class JobFilter(django_filters.FilterSet):
     name = django_filters.CharFilter(method="filter_name", max_length=200,
                                      help_text="jobs whose name contains this (any case)")
     mine = django_filters.BooleanFilter(method="filter_mine", help_text="true: only your own jobs")
+    array = django_filters.NumberFilter(field_name="array_id", min_value=1,
+                                        help_text="the tasks of this job array (its first task's id)")
     ordering = django_filters.ChoiceFilter(
         method="filter_ordering", choices=table.ordering_choices(),
         help_text=f"sort by {', '.join(table.ORDERINGS)} (a leading minus: descending); default "
@@ -113,7 +115,7 @@ class JobFilter(django_filters.FilterSet):
 
     class Meta:
         model = Job
-        fields = ["state", "team", "user", "kind", "name", "mine", "ordering"]
+        fields = ["state", "team", "user", "kind", "name", "mine", "array", "ordering"]
 
     def filter_name(self, jobs: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
         return table.filter_jobs(jobs, name=value)
@@ -170,8 +172,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = services.job_submit(
             user=request.user, spec=services.JobSpec(**form.to_spec_fields()), request=request._request
         )
-        # The job as created (reading it back through the visibility query cost a quarter of the request).
-        return Response(submitted_job_data(job), status=status.HTTP_201_CREATED)
+        # The job as created (reading it back through the visibility query cost a quarter of the request); an
+        # array's first task, with the ids of all its tasks.
+        data = submitted_job_data(job)
+        if job.array_id is not None:
+            data["array_job_ids"] = selectors.array_task_ids(job.array_id)
+        return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=CancelSerializer, responses={200: JobSerializer, 409: ErrorSerializer})
     @action(detail=True, methods=["post"])

@@ -17,6 +17,7 @@ from workers.protocol import (
     JOB_CODE_PATH,
     RUN_JOB_TASK,
     STOP_JOB_TASK,
+    ArrayTask,
     CodeSnapshot,
     ContainerSpec,
     Dispatch,
@@ -84,10 +85,17 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
                     memory_gb=_host_part(job.memory_gb, len(by_host[host_name]), job.gpus),
                     replica_secret=replica_secret_of(job),
                     container=container,
+                    array=array_task_of(job),
                 ),
             )
         )
     return messages
+
+
+def array_task_of(job: Job) -> ArrayTask | None:
+    if job.array_id is None or job.array_index is None or job.array_size is None:
+        return None
+    return ArrayTask(array_id=job.array_id, index=job.array_index, size=job.array_size)
 
 
 def container_spec(job: Job) -> ContainerSpec:

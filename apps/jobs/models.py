@@ -94,6 +94,11 @@ class Job(models.Model):
     max_steps = models.PositiveIntegerField(null=True, blank=True)
     time_limit_minutes = models.PositiveIntegerField()
     max_retries = models.PositiveSmallIntegerField(default=0, help_text="Requeues after a lost host (at most 3).")
+    # A task of a job array (Slurm's --array): `array_size` jobs submitted as one, alike but for their index (the
+    # job sees CONSOLE_ARRAY_TASK_ID); `array_id` is the id of its first task. Null for a job submitted alone.
+    array_id = models.PositiveBigIntegerField(null=True, blank=True, db_index=True)
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    array_size = models.PositiveIntegerField(null=True, blank=True)
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     pending_reason = models.CharField(max_length=300, blank=True)

@@ -23,6 +23,11 @@ def attempt_allocations(job: Job) -> list[JobAllocation]:
     return last or [a for a in allocations if a.attempt == 0]  # (rows from before attempts were kept)
 
 
+def array_task_ids(array_id: int) -> list[int]:
+    """The ids of a job array's tasks, by index."""
+    return list(Job.objects.filter(array_id=array_id).order_by("array_index").values_list("id", flat=True))
+
+
 def job_events(job: Job) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job=job).select_related("actor")
 

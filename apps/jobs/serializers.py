@@ -13,6 +13,7 @@ from apps.jobs.colocating import sharing_data
 from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
 from apps.jobs.selectors import attempt_allocations
+from apps.jobs.submission import MAX_ARRAY_SIZE
 from apps.quotas.models import Priority
 
 
@@ -77,6 +78,10 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
                                   'REF}}; the command runs in the code folder')
     shm_gb = PositiveFloatField(max_value=MAX_SHM_GB, required=False, allow_null=True,
                                 help_text="the container's /dev/shm (counts against memory_gb)")
+    array_size = serializers.IntegerField(
+        min_value=1, max_value=MAX_ARRAY_SIZE, required=False, allow_null=True,
+        help_text="submit a job array: this many tasks, alike but for their index, which each sees as "
+                  "CONSOLE_ARRAY_TASK_ID (0 to array_size - 1; Slurm's --array)")
 
     def get_fields(self) -> dict[str, serializers.Field]:
         # DRF deep-copies the declared fields for every serializer, rebuilding each field and its validators: a
@@ -98,7 +103,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         data = dict(self.validated_data)
         gpus: Decimal = data.pop("gpus")
         memory_gb = data.pop("gpu_memory_gb", None)
-        for name in ("cpus", "memory_gb", "shm_gb"):
+        for name in ("cpus", "memory_gb", "shm_gb", "array_size"):
             if data.get(name) is None:
                 data.pop(name, None)
         if gpus < 1:
@@ -144,7 +149,7 @@ class JobSerializer(serializers.ModelSerializer):
             "estimate_confidence", "exit_code", "failure_reason", "attempts", "preemption_count", "steps_done",
             "steps_per_second", "samples_per_second", "last_steps_per_second", "last_samples_per_second", "last_loss",
             "runtime_info", "allocations", "created_at", "placed_at", "started_at", "finished_at",
-            "shareable", "wait_fraction", "measured_slowdown", "sharing",
+            "shareable", "wait_fraction", "measured_slowdown", "sharing", "array_id", "array_index", "array_size",
         ]
         read_only_fields = fields
 
@@ -235,6 +240,7 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "started_at": when(job.started_at), "finished_at": when(job.finished_at),
         "shareable": job.shareable, "wait_fraction": job.wait_fraction,
         "measured_slowdown": (job.colocation or {}).get("slowdown"), "sharing": sharing_data(job),
+        "array_id": job.array_id, "array_index": job.array_index, "array_size": job.array_size,
     }
 
 

@@ -64,6 +64,8 @@ class JobSpec:
     mounts: Any = None
     code: Any = None
     shm_gb: float | None = None
+    # A job array: this many tasks, alike but for their index (None: one job, not an array).
+    array_size: int | None = None
 
     @property
     def units(self) -> int:
@@ -246,6 +248,19 @@ def _check_gpus(spec: JobSpec, submitter: _Submitter) -> dict[str, object]:
     return errors
 
 
+def _check_array(spec: JobSpec) -> dict[str, object]:
+    size = spec.array_size
+    if size is None:
+        return {}
+    if not 1 <= size <= MAX_ARRAY_SIZE:
+        return {"array_size": [f"An array has 1 to {MAX_ARRAY_SIZE} tasks."]}
+    if spec.kind != Job.Kind.TRAIN:
+        return {"array_size": ["Arrays are of training jobs (an inference service scales its own replicas)."]}
+    return {}
+
+
+# The most tasks of one job array (a page of cancellations holds as many: apps/jobs/bulk.py).
+MAX_ARRAY_SIZE = 500
 # A job's default CPUs and memory never go below these (a fraction of a GPU times the per-GPU figure can be tiny).
 MIN_DEFAULT_CPUS = 1.0
 MIN_DEFAULT_MEMORY_GB = 4.0
@@ -298,6 +313,7 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
     workload, problem = checked_workload(spec.workload, replica=replica)
     errors: dict[str, object] = {"workload": problem} if problem else _check_workload(spec.kind, preset, workload)
     errors.update(_check_gpus(spec, submitter))
+    errors.update(_check_array(spec))
     cpus, memory_gb = _resources(spec, submitter.pools or gpu_pools(), errors)
     environment = checked_environment(image=spec.image, env=spec.env, secrets=spec.secrets, mounts=spec.mounts,
                                       code=spec.code, shm_gb=spec.shm_gb, team=team, memory_gb=memory_gb,
@@ -337,16 +353,39 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         shm_gb=environment.shm_gb,
         # The pass requested below replaces this with the job's real standing (quota, position) within a second.
         pending_reason="waiting for the scheduler",
+        array_index=None if spec.array_size is None else 0,
+        array_size=spec.array_size,
     )
-    event = JobEvent(to_state=State.QUEUED, reason=f"submitted by {user.get_username()}", actor=user)
     limit = settings.JOBS_SUBMIT_PER_MINUTE
+    tasks = spec.array_size or 1
     with transaction.atomic():
         _lock_user(user)
-        recent = _insert_submission(job, event, since=timezone.now() - timedelta(minutes=1))
-        if recent >= limit:  # raised inside the transaction: the insert is rolled back
-            raise JobRateLimited(f"You submitted {recent} jobs in the last minute; the limit is {limit} per minute.")
+        since = timezone.now() - timedelta(minutes=1)
+        recent = _insert_submission(job, _submitted_event(user), since=since)
+        if recent + tasks > limit:  # raised inside the transaction: the insert is rolled back
+            asked = f" and asked for {tasks} more" if tasks > 1 else ""
+            raise JobRateLimited(f"You submitted {recent} jobs in the last minute{asked}; the limit is {limit} per "
+                                 "minute.")
+        if spec.array_size is not None:
+            _insert_array_tasks(job, user, since)
         request_scheduler_pass()
     return job
+
+
+def _submitted_event(user: AbstractBaseUser) -> JobEvent:
+    return JobEvent(to_state=State.QUEUED, reason=f"submitted by {user.get_username()}", actor=user)
+
+
+def _insert_array_tasks(first: Job, user: AbstractBaseUser, since: Any) -> None:
+    """The array's other tasks, copies of its first (inserted already) but for their index; every task's
+    array_id is the first's id. In the submission's transaction, under the user's lock."""
+    first.array_id = first.pk
+    Job.objects.filter(pk=first.pk).update(array_id=first.pk)
+    fields = [field.attname for field in Job._meta.concrete_fields if not field.primary_key]
+    for index in range(1, first.array_size or 1):
+        task = Job(**{name: getattr(first, name) for name in fields})
+        task.array_index = index
+        _insert_submission(task, _submitted_event(user), since=since)
 
 
 def _lock_user(user: AbstractBaseUser) -> None:

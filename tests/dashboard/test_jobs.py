@@ -30,6 +30,14 @@ def test_member_submits_a_job_through_the_form(world, web):
     assert job.events.get().reason == "submitted by mia"
 
 
+def test_the_form_submits_a_job_array(world, web):
+    response = web(world.member).post("/jobs/new/", form_data(array_size="3"), follow=True)
+    tasks = list(Job.objects.order_by("array_index"))
+    assert [(t.array_id, t.array_index, t.array_size) for t in tasks] == [(tasks[0].pk, i, 3) for i in range(3)]
+    assert response.redirect_chain[-1][0] == f"/jobs/{tasks[0].pk}/"
+    assert f"Job array {tasks[0].pk} submitted: 3 tasks." in response.content.decode()
+
+
 @pytest.mark.parametrize(
     ("text", "argv"),
     [("python train.py --lr '1e-3 x'", ["python", "train.py", "--lr", "1e-3 x"]),
@@ -59,6 +67,8 @@ def test_command_is_split_shell_like_or_one_argument_per_line(world, web, text, 
         ({"workload_mode": "command", "params": "", "command": "python 'unclosed"}, "command", "Cannot split"),
         ({"name": ""}, "name", "required"),
         ({"team": "nlp"}, "team", "valid choice"),
+        ({"array_size": "0"}, "array_size", "greater than or equal to 1"),
+        ({"array_size": "2", "kind": "inference", "preset": "infer-fp32"}, "array_size", "Arrays are of training"),
     ],
 )
 def test_bad_input_shows_field_errors_and_creates_nothing(world, web, overrides, field, fragment):

@@ -137,6 +137,16 @@ def test_redelivered_dispatch_message_is_a_no_op(cluster):
     assert [e["to_state"] for e in events].count("running") == 1
 
 
+def test_each_task_of_a_job_array_runs_told_its_index(cluster):
+    show = "import os; print('task', *(os.environ[f'CONSOLE_ARRAY_{n}'] for n in ('TASK_ID', 'TASK_COUNT', 'JOB_ID')))"
+    first = cluster.submit(gpus=1, array_size=2, workload={"command": [PY, "-c", show]})
+    ids = first["array_job_ids"]
+    for index, job_id in enumerate(ids):
+        done = cluster.wait_state(job_id, {"succeeded", "failed"})
+        assert done["state"] == "succeeded", cluster.log(job_id)
+        assert f"task {index} 2 {first['id']}" in cluster.log(job_id)
+
+
 def test_a_command_that_does_not_exist_fails_with_reason(cluster):
     job = cluster.submit(gpus=1, workload={"command": ["/nonexistent/train-model", "--fast"]})
     done = cluster.wait_state(job["id"], {"succeeded", "failed"})

@@ -48,6 +48,10 @@ BAD_SPECS = [
     ("time_limit_minutes", {"time_limit_minutes": 0}),
     ("time_limit_minutes", {"time_limit_minutes": 10**9}),
     ("max_retries", {"max_retries": 4}),
+    ("array_size", {"array_size": 0}),
+    ("array_size", {"array_size": 501}),
+    ("array_size", {"array_size": "many"}),
+    ("array_size", {"kind": "inference", "preset": "infer-fp32", "array_size": 2}),
 ]
 
 

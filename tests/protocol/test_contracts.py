@@ -4,17 +4,21 @@ and decodes through the same types, so a round trip is the identity and a hostil
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from workers.agent.runner import JobProcess, JobRunner
 from workers.protocol import (
     JOB_ENV_VARIABLES,
     MAX_METRICS_PER_RECORD,
+    ArrayTask,
     CheckpointRecord,
     ContainerSpec,
+    Dispatch,
     EnvError,
     JobEnvironment,
     JobIsolation,
@@ -33,7 +37,8 @@ FULL = JobEnvironment(
     job_id="42", attempt=3, preset="ddp", max_steps=100, progress_file=Path("/w/progress.jsonl"),
     checkpoint_dir=Path("/a/42/checkpoints"), checkpoint_every=10, output_dir=Path("/a/42/outputs"),
     model_path=Path("/m/model.pt"), device="cpu", visible_devices=("0", "1"), api_url="http://c/api/v1/job/",
-    job_token="tok", replica_secret="s" * 32, gpu_memory_limit_mb=4096, gpu_memory_fraction=0.3333, serve_port=8080)
+    job_token="tok", replica_secret="s" * 32, gpu_memory_limit_mb=4096, gpu_memory_fraction=0.3333, serve_port=8080,
+    array_job_id=40, array_task_id=2, array_task_count=5)
 
 
 def test_the_environment_round_trips_and_names_only_its_own_variables() -> None:
@@ -181,3 +186,26 @@ def test_a_dispatch_names_secrets_and_their_values_travel_apart() -> None:
     for bad in ({"attempt": 1}, {"attempt": 1, "values": {"A": 1}}, {"attempt": "x", "values": {}}, []):
         with pytest.raises(ProtocolError):
             JobSecrets.from_message(bad)
+
+
+def test_an_array_task_travels_in_its_dispatch_and_reaches_the_job_as_its_index(tmp_path: Path) -> None:
+    dispatch = Dispatch(job_id=42, attempt=1, host="h", gpu_indices=(0,), kind="train", preset="baseline-fp32",
+                        workload={"command": ["true"]}, time_limit_s=60, array=ArrayTask(array_id=40, index=2, size=5))
+    received = Dispatch.from_message(json.loads(json.dumps(dispatch.to_message())))
+    assert received == dispatch
+    runner = JobRunner(None, work_root=tmp_path / "work", artifacts_root=tmp_path / "artifacts")  # type: ignore[arg-type]
+    env = runner.environment(JobProcess(received, tmp_path / "work" / "job-42" / "attempt-1"))
+    assert (env["CONSOLE_ARRAY_JOB_ID"], env["CONSOLE_ARRAY_TASK_ID"], env["CONSOLE_ARRAY_TASK_COUNT"]) == ("40", "2", "5")
+    alone = replace(dispatch, array=None)
+    assert Dispatch.from_message(json.loads(json.dumps(alone.to_message()))).array is None
+    assert not {"CONSOLE_ARRAY_TASK_ID", "CONSOLE_ARRAY_JOB_ID"} & set(runner.environment(JobProcess(alone, tmp_path / "w")))
+
+
+@pytest.mark.parametrize("array", [{"array_id": 40, "index": 5, "size": 5}, {"array_id": 0, "index": 0, "size": 1},
+                                   {"array_id": 40, "index": -1, "size": 5}, {"array_id": 40, "index": 1},
+                                   {"array_id": "x", "index": 0, "size": 1}])
+def test_a_malformed_array_task_is_a_protocol_error(array: dict) -> None:
+    message = Dispatch(job_id=42, attempt=1, host="h", gpu_indices=(0,), kind="train", preset="p",
+                       workload={"command": ["true"]}, time_limit_s=60).to_message()
+    with pytest.raises(ProtocolError, match="malformed dispatch"):
+        Dispatch.from_message({**message, "array": array})

@@ -862,6 +862,9 @@ class JobRunner:
             replica_secret=dispatch.replica_secret,  # not argv: /proc/PID/cmdline is world-readable
             gpu_memory_limit_mb=limit,
             gpu_memory_fraction=round(min(1.0, limit / total), 4) if limit is not None and total else None,
+            array_job_id=dispatch.array.array_id if dispatch.array else None,
+            array_task_id=dispatch.array.index if dispatch.array else None,
+            array_task_count=dispatch.array.size if dispatch.array else None,
         )
 
     def memory_limits(self) -> dict[int, int]:

@@ -23,13 +23,23 @@ from workers.cli.config import (
     read_config_file,
     save_config_file,
 )
-from workers.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ApiError, CliError, UsageError
-from workers.cli.follow import LogStream, fetch_job, follow_log, job_exit_code, wait_for_job
+from workers.cli.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ApiError,
+    CliError,
+    UsageError,
+)
+from workers.cli.follow import FINAL_STATES, LogStream, fetch_job, follow_log, job_exit_code, wait_for_job
 from workers.cli.output import err, job_detail, job_rows, out, print_json, shorten, state_note, table
 from workers.cli.spec import build_spec, load_spec_file
 from workers.codepack import human_size
 from workers.protocol import CODE_PATH, CODE_SNAPSHOT_MAX_BYTES
 
+# The most tasks of a job array (the console's apps/jobs/submission.py MAX_ARRAY_SIZE).
+MAX_ARRAY_TASKS = 500
 JOB_STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled", "preempted")
 PRIORITIES = ("low", "normal", "high", "urgent")
 DEFAULT_INTERVAL_S = 2.0
@@ -148,7 +158,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         "priority": args.priority, "preset": args.preset, "max_steps": args.max_steps,
         "time_limit_minutes": args.time_limit, "max_retries": args.max_retries, "cpus": args.cpus,
         "memory_gb": args.memory_gb, "image": args.image, "shm_gb": args.shm_gb,
-        "shareable": True if args.shareable else None,
+        "shareable": True if args.shareable else None, "array_size": args.array,
     }
     spec = build_spec(base, fields, builtin=args.builtin, params=args.param, command=args.command_line,
                       argv=args.argv, env=args.env, secrets=args.secret, mounts=args.mount, code_dir=args.code,
@@ -170,6 +180,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 snapshot = code.upload(api, packed, spec["team"], quiet=args.quiet)
             spec["code"] = {"snapshot": snapshot["id"]}
         job = api.post("jobs/", spec)
+        if job.get("array_job_ids"):
+            return _submitted_array(api, job, args)
         if args.quiet:
             out(str(job["id"]))
         elif not args.json:
@@ -187,6 +199,41 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if args.json:
             print_json(final)
         return job_exit_code(final)
+
+
+def _submitted_array(api: Api, first: dict[str, Any], args: argparse.Namespace) -> int:
+    """Say what a job array queued; with --wait follow every task's state to its end (no logs: they run side by
+    side) and exit with the first failing task's status, 0 if all succeeded."""
+    ids: list[int] = first["array_job_ids"]
+    if args.quiet:
+        out(str(first["id"]))
+    elif not args.json:
+        out(f"Submitted job array {first['id']} ({first.get('name')}, team {first.get('team')}): {len(ids)} tasks, "
+            f"jobs {_id_ranges(ids)}")
+    elif not args.wait:
+        print_json(first)
+    if not args.wait:
+        return EXIT_OK
+    finals = []
+    for job_id in ids:
+        final = _wait(api, job_id, interval=args.interval, show_logs=False, log_to_stderr=True)
+        if final is None:
+            return EXIT_INTERRUPTED
+        finals.append(final)
+    if args.json:
+        print_json(finals)
+    return next((code for code in map(job_exit_code, finals) if code != EXIT_OK), EXIT_OK)
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """`12-15,19`: job ids as runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for job_id in sorted(ids):
+        if runs and job_id == runs[-1][1] + 1:
+            runs[-1][1] = job_id
+        else:
+            runs.append([job_id, job_id])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _wait(api: Api, job_id: int, *, interval: float, show_logs: bool, log_to_stderr: bool) -> dict[str, Any] | None:
@@ -210,13 +257,14 @@ def _stopped_following(job_id: int) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     with connect() as api:
         if args.job_id is not None:
-            if args.state or args.team or args.user or args.kind:
-                raise UsageError("--state, --team, --user and --kind filter the job list; drop them or the JOB_ID")
+            if args.state or args.team or args.user or args.kind or args.array:
+                raise UsageError("--state, --team, --user, --kind and --array filter the job list; drop them or the "
+                                 "JOB_ID")
             job = fetch_job(api, args.job_id)
             print_json(job) if args.json else out(job_detail(job))
             return EXIT_OK
         jobs = list(api.paginate("jobs/", limit=args.limit, state=args.state, team=args.team, user=args.user,
-                                 kind=args.kind))
+                                 kind=args.kind, array=args.array))
     if args.json:
         print_json(jobs)
     elif jobs:
@@ -237,6 +285,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    if args.array:
+        return _cancel_array(args)
     with connect() as api:
         try:
             job = api.post(f"jobs/{args.job_id}/cancel/", {"reason": args.reason or ""})
@@ -251,6 +301,24 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     else:
         out(f"Cancelled job {job['id']} ({job.get('name')}): {job['state']}")
     return EXIT_OK
+
+
+def _cancel_array(args: argparse.Namespace) -> int:
+    """Cancel every task of job array JOB_ID that has not ended."""
+    with connect() as api:
+        tasks = list(api.paginate("jobs/", limit=MAX_ARRAY_TASKS, array=args.job_id))
+        if not tasks:
+            raise CliError(f"job array {args.job_id} not found (or not visible to you) at {api.url}")
+        live = [job["id"] for job in tasks if job.get("state") not in FINAL_STATES]
+        answer = api.post("jobs/cancel/", {"ids": live, "reason": args.reason or ""}) if live else {
+            "cancelled": 0, "refused": 0, "results": []}
+    if args.json:
+        print_json(answer)
+    else:
+        out(f"Cancelled {answer['cancelled']} of the {len(tasks)} tasks of job array {args.job_id}"
+            + (f" ({len(tasks) - len(live)} had ended)" if len(live) < len(tasks) else "")
+            + (f"; {answer['refused']} refused" if answer["refused"] else ""))
+    return EXIT_OK if not answer["refused"] else EXIT_FAILURE
 
 
 # --- catalogue
@@ -295,14 +363,23 @@ def cmd_workloads(args: argparse.Namespace) -> int:
 # --- parser
 
 
-def _job_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a job id is a number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("a job id is a positive number")
-    return value
+def _positive_int(what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least 1, refused naming `what` it is."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} is a number, not {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{what} is a positive number")
+        return value
+
+    return parse
+
+
+_job_id = _positive_int("a job id")
+_array_size = _positive_int("the number of an array's tasks")
 
 
 def _positive_float(text: str) -> float:
@@ -359,6 +436,7 @@ spec file (-f job.yaml, or JSON): a mapping whose keys are the API's job fields;
   time_limit_minutes: 240
   max_retries: 1
   max_steps: 10000
+  array_size: 8                   # a job array: 8 tasks, each told its index ($CONSOLE_ARRAY_TASK_ID)
 
 examples:
   gpuctl submit --image localhost/train:2 --code . --gpus 1 --env EPOCHS=3 --secret WANDB_API_KEY \\
@@ -413,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-steps", type=int)
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
     submit.add_argument("--max-retries", type=int)
+    submit.add_argument("--array", type=_array_size, metavar="N",
+                        help="a job array: N tasks, alike but for their index, which each sees as "
+                             "$CONSOLE_ARRAY_TASK_ID (0 to N-1; Slurm's --array)")
     submit.add_argument("--shareable", action="store_true",
                         help="a one-GPU job that may share its GPU with another shareable job when both are "
                              "measured to leave it mostly idle")
@@ -459,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--team")
     status.add_argument("--user")
     status.add_argument("--kind", choices=("train", "inference"))
+    status.add_argument("--array", type=_job_id, metavar="ARRAY_ID", help="the tasks of this job array")
     status.add_argument("--limit", type=int, default=50, help="at most this many jobs, newest first (default 50)")
     status.add_argument("--json", action="store_true")
 
@@ -469,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = command("cancel", cmd_cancel, "Cancel a job.")
     cancel.add_argument("job_id", type=_job_id, metavar="JOB_ID")
+    cancel.add_argument("--array", action="store_true", help="JOB_ID is a job array: cancel all its tasks")
     cancel.add_argument("--reason", help="recorded in the job's events")
     cancel.add_argument("--json", action="store_true")
 
