@@ -70,3 +70,28 @@ def test_a_declared_size_expects_the_rest_of_the_sweep_at_its_pace_so_far() -> N
         (pytest.approx(now + 80 / 3), 4, True),
         (pytest.approx(now + 160 / 3), 3, True),
     ]
+
+
+def test_true_runtimes_tell_the_replay_what_each_job_has_left_and_are_put_back_after() -> None:
+    from pathlib import Path
+
+    import apps.scheduling.scheduler as scheduler_module
+    from apps.scheduling.ordering import NeverRun
+    from apps.scheduling.prediction import RuntimeHistory
+    from apps.scheduling.trace import load_trace
+    from apps.scheduling.types import PendingJob, Priority, RunningJob
+    from benchmarks.estimate_lab import true_runtimes
+
+    bundled = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
+    first = load_trace(bundled / "muri" / "trace2.csv", "muri", "muri")[0]
+    running = RunningJob(first.job_id, "t", "u", 1, Priority.NORMAL, (0,), started_at=100.0, submitted_at=0.0,
+                         attained_gpu_seconds=30.0)
+    waiting = PendingJob(first.job_id, "t", "u", 1, Priority.NORMAL, submitted_at=0.0)
+    history = RuntimeHistory()
+    originals = (scheduler_module.predict_remaining, NeverRun.figures, RuntimeHistory.expected_hold_s)
+    with true_runtimes("trace2", bundled):
+        assert scheduler_module.predict_remaining(running, 160.0, history, 3600.0)[0] == pytest.approx(
+            first.duration_s - 90.0)  # 30 s run before, 60 s now
+        assert NeverRun(history).figures(waiting, 3600.0)[0] == pytest.approx(first.duration_s)
+        assert history.expected_hold_s(0.0, 100.0) is None
+    assert (scheduler_module.predict_remaining, NeverRun.figures, RuntimeHistory.expected_hold_s) == originals
