@@ -25,6 +25,10 @@ def test_submit_an_array_lists_its_tasks_and_status_shows_them(console, gpuctl):
     listed = json.loads(gpuctl("status", "--array", tasks[0].pk, "--json").out)
     assert sorted(job["id"] for job in listed) == [t.pk for t in tasks]
     assert gpuctl("status", tasks[0].pk, "--array", tasks[0].pk).code == 2  # one job, or a filtered table
+    table = gpuctl("status", "--array", tasks[0].pk).out
+    assert "sweep[0]" in table and "sweep[2]" in table
+    detail = gpuctl("status", tasks[1].pk).out
+    assert detail.startswith(f"Job {tasks[1].pk}: sweep[1] ") and f"task 1 of 3 in job array {tasks[0].pk}" in detail
 
 
 def test_quiet_prints_the_array_id_and_cancel_array_cancels_the_tasks_left(console, gpuctl, world):

@@ -71,4 +71,6 @@ def test_a_tasks_page_says_which_task_of_which_array_it_is(world, client_for):
     page = browser.get(f"/jobs/{ids[1]}/").content.decode()
     assert "task 1 (<code>CONSOLE_ARRAY_TASK_ID</code>) of 2 in job array" in page
     assert f'href="/jobs/{ids[0]}/">{ids[0]}</a>' in page
+    listing = browser.get("/jobs/").content.decode()
+    assert f'href="/jobs/{ids[1]}/">resnet[1]</a>' in listing and f'href="/jobs/{ids[0]}/">resnet[0]</a>' in listing
     assert 'id="job-array"' not in browser.get(f"/jobs/{client_for(world.member).post('/api/v1/jobs/', train_spec(), format='json').json()['id']}/").content.decode()

@@ -121,7 +121,7 @@ def state_note(job: dict[str, Any]) -> str:
 
 def job_rows(jobs: list[dict[str, Any]]) -> str:
     rows = [
-        [job.get("id"), shorten(job.get("name", ""), 28), job.get("team"), job.get("user"), job.get("kind"),
+        [job.get("id"), shorten(task_name(job), 28), job.get("team"), job.get("user"), job.get("kind"),
          gpus_text(job), job.get("state"), shorten(_list_note(job), 60)]
         for job in jobs
     ]
@@ -156,14 +156,22 @@ def code_text(code: Any) -> str | None:
     return json.dumps(code, sort_keys=True)
 
 
+def task_name(job: dict[str, Any]) -> str:
+    """The job's name, with its index for a task of a job array (`sweep[3]`)."""
+    name = str(job.get("name") or "")
+    return f"{name}[{job['array_index']}]" if job.get("array_index") is not None else name
+
+
 def job_detail(job: dict[str, Any]) -> str:
-    lines = [f"Job {job.get('id')}: {job.get('name')}  (team {job.get('team')}, user {job.get('user')})"]
+    lines = [f"Job {job.get('id')}: {task_name(job)}  (team {job.get('team')}, user {job.get('user')})"]
 
     def add(label: str, value: Any) -> None:
         if value not in (None, ""):
             lines.append(f"  {label + ':':<14}{value}")
 
     add("state", job.get("state"))
+    if job.get("array_id") is not None:
+        add("array", f"task {job.get('array_index')} of {job.get('array_size')} in job array {job['array_id']}")
     if job.get("state") in ("queued", "preempted"):
         add("pending", job.get("pending_reason"))
         add("queue", f"position {job['queue_position']}" if job.get("queue_position") else None)
