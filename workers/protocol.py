@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 # 2: a dispatch names the job's secrets only; the agent fetches their values (GET /api/v1/agent/jobs/<id>/secrets/).
-PROTOCOL_VERSION = 2
+# 3: a dispatch may carry a job array's task (ArrayTask), which an agent of protocol 2 would drop: every task would
+# then run without its index, doing the same work N times. The console refuses agents of another protocol.
+PROTOCOL_VERSION = 3
 HOST_QUEUE_PREFIX = "host."
 RUN_JOB_TASK = "agent.run_job"
 STOP_JOB_TASK = "agent.stop_job"

@@ -54,6 +54,7 @@ class JobTableForm(JobFilterForm):
     mine = forms.BooleanField(required=False, label="Only my jobs")
     ordering = forms.ChoiceField(choices=[("", "newest first"), *table.ordering_choices()], required=False,
                                  label="Sort by")
+    array = forms.IntegerField(required=False, min_value=1, label="Tasks of job array")
 
 
 @dataclass
@@ -186,7 +187,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     data = getattr(form, "cleaned_data", {})
     jobs = table.filter_jobs(_visible_jobs(request), name=data.get("name", ""), states=[data.get("state", "")],
                              team=data.get("team", ""), user=data.get("user", ""), kind=data.get("kind", ""),
-                             mine=request.user if data.get("mine") else None)
+                             mine=request.user if data.get("mine") else None, array=data.get("array"))
     ordering = data.get("ordering") or table.DEFAULT_ORDERING
     now = timezone.now()
     page: Page = Paginator(_with_allocations(table.order_jobs(jobs, ordering, now)), JOBS_PER_PAGE).get_page(

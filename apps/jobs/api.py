@@ -106,7 +106,7 @@ class JobFilter(django_filters.FilterSet):
     name = django_filters.CharFilter(method="filter_name", max_length=200,
                                      help_text="jobs whose name contains this (any case)")
     mine = django_filters.BooleanFilter(method="filter_mine", help_text="true: only your own jobs")
-    array = django_filters.NumberFilter(field_name="array_id", min_value=1,
+    array = django_filters.NumberFilter(method="filter_array", min_value=1, max_value=MAX_ROW_ID,
                                         help_text="the tasks of this job array (its first task's id)")
     ordering = django_filters.ChoiceFilter(
         method="filter_ordering", choices=table.ordering_choices(),
@@ -119,6 +119,11 @@ class JobFilter(django_filters.FilterSet):
 
     def filter_name(self, jobs: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
         return table.filter_jobs(jobs, name=value)
+
+    def filter_array(self, jobs: QuerySet[Job], name: str, value: Any) -> QuerySet[Job]:
+        if value != int(value):
+            raise serializers.ValidationError({"array": ["A job array's id is a whole number."]})
+        return table.filter_jobs(jobs, array=int(value))
 
     def filter_mine(self, jobs: QuerySet[Job], name: str, value: bool | None) -> QuerySet[Job]:
         return table.filter_jobs(jobs, mine=self.request.user) if value else jobs

@@ -20,6 +20,7 @@ from apps.accounts import access
 from apps.accounts.access import Action
 from apps.accounts.models import Membership, Role, Team
 from apps.cluster.selectors import GpuPools, gpu_pools, gpu_pools_from_json, gpu_pools_subquery
+from apps.jobs.bulk import MAX_BULK_CANCEL
 from apps.jobs.container_spec import checked_environment
 from apps.jobs.errors import JobPermissionError, JobRateLimited, JobSpecError
 from apps.jobs.lifecycle import request_scheduler_pass
@@ -259,8 +260,8 @@ def _check_array(spec: JobSpec) -> dict[str, object]:
     return {}
 
 
-# The most tasks of one job array (a page of cancellations holds as many: apps/jobs/bulk.py).
-MAX_ARRAY_SIZE = 500
+# The most tasks of one job array: as many as one request cancels (apps/jobs/bulk.py).
+MAX_ARRAY_SIZE = MAX_BULK_CANCEL
 # A job's default CPUs and memory never go below these (a fraction of a GPU times the per-GPU figure can be tiny).
 MIN_DEFAULT_CPUS = 1.0
 MIN_DEFAULT_MEMORY_GB = 4.0

@@ -85,9 +85,10 @@ def order_jobs(jobs: QuerySet[Job], ordering: str = DEFAULT_ORDERING, now: datet
 
 
 def filter_jobs(jobs: QuerySet[Job], *, name: str = "", states: Iterable[str] = (), team: str = "", user: str = "",
-                kind: str = "", mine: Any = None) -> QuerySet[Job]:
+                kind: str = "", mine: Any = None, array: int | None = None) -> QuerySet[Job]:
     """The jobs whose name contains `name` (any case), in one of `states`, of `team` (a slug), of `user` (a
-    username), of `kind`; `mine`: a user, whose own jobs only are kept. Empty arguments filter nothing."""
+    username), of `kind`, tasks of job `array`; `mine`: a user, whose own jobs only are kept. Empty arguments
+    filter nothing."""
     if name:
         jobs = jobs.filter(name__icontains=name)
     states = [s for s in states if s]
@@ -101,6 +102,8 @@ def filter_jobs(jobs: QuerySet[Job], *, name: str = "", states: Iterable[str] = 
         jobs = jobs.filter(kind=kind)
     if mine is not None:
         jobs = jobs.filter(user_id=mine.pk)
+    if array is not None:
+        jobs = jobs.filter(array_id=array)
     return jobs
 
 

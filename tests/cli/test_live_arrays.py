@@ -22,8 +22,10 @@ def test_submit_an_array_lists_its_tasks_and_status_shows_them(console, gpuctl):
     assert [t.array_index for t in tasks] == [0, 1, 2] and {t.array_id for t in tasks} == {tasks[0].pk}
     assert result.out.startswith(f"Submitted job array {tasks[0].pk} (sweep, team vision): 3 tasks, jobs "
                                  f"{tasks[0].pk}-{tasks[2].pk}")
-    listed = json.loads(gpuctl("status", "--array", tasks[0].pk, "--json").out)
-    assert sorted(job["id"] for job in listed) == [t.pk for t in tasks]
+    listed = json.loads(gpuctl("status", "--array", tasks[2].pk, "--json").out)  # any task names its array
+    assert [job["id"] for job in listed] == [t.pk for t in tasks]  # by index, all of them
+    alone = int(gpuctl("submit", "--team", "vision", "--gpus", "1", "--builtin", "mlp-digits", "-q").out)
+    assert gpuctl("status", "--array", alone).code == 1 and gpuctl("cancel", alone, "--array").code == 1
     assert gpuctl("status", tasks[0].pk, "--array", tasks[0].pk).code == 2  # one job, or a filtered table
     table = gpuctl("status", "--array", tasks[0].pk).out
     assert "sweep[0]" in table and "sweep[2]" in table
@@ -35,7 +37,7 @@ def test_quiet_prints_the_array_id_and_cancel_array_cancels_the_tasks_left(conso
     array_id = int(gpuctl(*ARRAY, "-q").out)
     first = Job.objects.get(pk=array_id)
     services.job_cancel(job=first, actor=world.member, reason="done early")
-    result = gpuctl("cancel", array_id, "--array", "--reason", "sweep over")
+    result = gpuctl("cancel", array_id + 2, "--array", "--reason", "sweep over")  # (a task's id names it too)
     assert result.code == 0, result.err
     assert result.out.strip() == f"Cancelled 2 of the 3 tasks of job array {array_id} (1 had ended)"
     assert set(Job.objects.filter(array_id=array_id).values_list("state", flat=True)) == {"cancelled"}

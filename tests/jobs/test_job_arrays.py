@@ -24,6 +24,8 @@ def test_an_array_is_queued_as_its_tasks_alike_but_for_their_index(world, client
     assert {(job["name"], job["state"], job["max_steps"], job["array_id"], job["array_size"]) for job in listed} == {
         ("sweep", "queued", 40, first["id"], 3)}
     assert JobEvent.objects.filter(job_id__in=ids, to_state="queued").count() == 3
+    bad = client.get("/api/v1/jobs/?array=1.5")
+    assert bad.status_code == 400 and "array" in bad.json()
     # Each task is a job of its own: the scheduler places it, and its dispatch says which task it is.
     scheduler_pass()
     for index, job_id in enumerate(ids):
@@ -69,8 +71,10 @@ def test_a_tasks_page_says_which_task_of_which_array_it_is(world, client_for):
     browser = Client()
     browser.force_login(world.member)
     page = browser.get(f"/jobs/{ids[1]}/").content.decode()
-    assert "task 1 (<code>CONSOLE_ARRAY_TASK_ID</code>) of 2 in job array" in page
-    assert f'href="/jobs/{ids[0]}/">{ids[0]}</a>' in page
-    listing = browser.get("/jobs/").content.decode()
+    assert f"task 1 (<code>CONSOLE_ARRAY_TASK_ID</code>) of 2 in job array {ids[0]}" in page
+    assert f'href="/jobs/?array={ids[0]}&amp;ordering=submitted">all its tasks</a>' in page
+    alone = client_for(world.member).post("/api/v1/jobs/", train_spec(), format="json").json()["id"]
+    listing = browser.get(f"/jobs/?array={ids[0]}").content.decode()
     assert f'href="/jobs/{ids[1]}/">resnet[1]</a>' in listing and f'href="/jobs/{ids[0]}/">resnet[0]</a>' in listing
-    assert 'id="job-array"' not in browser.get(f"/jobs/{client_for(world.member).post('/api/v1/jobs/', train_spec(), format='json').json()['id']}/").content.decode()
+    assert f'href="/jobs/{alone}/"' not in listing and f'href="/jobs/{alone}/"' in browser.get("/jobs/").content.decode()
+    assert 'id="job-array"' not in browser.get(f"/jobs/{alone}/").content.decode()

@@ -38,8 +38,6 @@ from workers.cli.spec import build_spec, load_spec_file
 from workers.codepack import human_size
 from workers.protocol import CODE_PATH, CODE_SNAPSHOT_MAX_BYTES
 
-# The most tasks of a job array (the console's apps/jobs/submission.py MAX_ARRAY_SIZE).
-MAX_ARRAY_TASKS = 500
 JOB_STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled", "preempted")
 PRIORITIES = ("low", "normal", "high", "urgent")
 DEFAULT_INTERVAL_S = 2.0
@@ -203,7 +201,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _submitted_array(api: Api, first: dict[str, Any], args: argparse.Namespace) -> int:
     """Say what a job array queued; with --wait follow every task's state to its end (no logs: they run side by
-    side) and exit with the first failing task's status, 0 if all succeeded."""
+    side) and exit with the highest of their statuses (sbatch --wait's way), 0 if all succeeded."""
     ids: list[int] = first["array_job_ids"]
     if args.quiet:
         out(str(first["id"]))
@@ -222,7 +220,7 @@ def _submitted_array(api: Api, first: dict[str, Any], args: argparse.Namespace) 
         finals.append(final)
     if args.json:
         print_json(finals)
-    return next((code for code in map(job_exit_code, finals) if code != EXIT_OK), EXIT_OK)
+    return max(map(job_exit_code, finals))
 
 
 def _id_ranges(ids: list[int]) -> str:
@@ -263,8 +261,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             job = fetch_job(api, args.job_id)
             print_json(job) if args.json else out(job_detail(job))
             return EXIT_OK
-        jobs = list(api.paginate("jobs/", limit=args.limit, state=args.state, team=args.team, user=args.user,
-                                 kind=args.kind, array=args.array))
+        if args.array is not None:  # every task, by index (squeue lists them all)
+            array_id, size = _array_of(api, args.array)
+            jobs = sorted(api.paginate("jobs/", limit=size, state=args.state, team=args.team, user=args.user,
+                                       kind=args.kind, array=array_id), key=lambda job: job.get("array_index") or 0)
+        else:
+            jobs = list(api.paginate("jobs/", limit=args.limit, state=args.state, team=args.team, user=args.user,
+                                     kind=args.kind))
     if args.json:
         print_json(jobs)
     elif jobs:
@@ -303,22 +306,32 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _array_of(api: Api, job_id: int) -> tuple[int, int]:
+    """(the array's id, its number of tasks) of job `job_id`, a job array or any task of it."""
+    job = fetch_job(api, job_id)
+    if job.get("array_id") is None:
+        raise CliError(f"job {job_id} is not a task of a job array")
+    return int(job["array_id"]), int(job.get("array_size") or 1)
+
+
 def _cancel_array(args: argparse.Namespace) -> int:
-    """Cancel every task of job array JOB_ID that has not ended."""
+    """Cancel every task of the job array that JOB_ID is (or is a task of) that has not ended. A task that ends
+    meanwhile is no failure (scancel's way); a refusal is."""
     with connect() as api:
-        tasks = list(api.paginate("jobs/", limit=MAX_ARRAY_TASKS, array=args.job_id))
-        if not tasks:
-            raise CliError(f"job array {args.job_id} not found (or not visible to you) at {api.url}")
+        array_id, size = _array_of(api, args.job_id)
+        tasks = list(api.paginate("jobs/", limit=size, array=array_id))
         live = [job["id"] for job in tasks if job.get("state") not in FINAL_STATES]
         answer = api.post("jobs/cancel/", {"ids": live, "reason": args.reason or ""}) if live else {
             "cancelled": 0, "refused": 0, "results": []}
+    refused = [r for r in answer["results"] if not r.get("cancelled") and r.get("status") != 409]
     if args.json:
         print_json(answer)
     else:
-        out(f"Cancelled {answer['cancelled']} of the {len(tasks)} tasks of job array {args.job_id}"
-            + (f" ({len(tasks) - len(live)} had ended)" if len(live) < len(tasks) else "")
-            + (f"; {answer['refused']} refused" if answer["refused"] else ""))
-    return EXIT_OK if not answer["refused"] else EXIT_FAILURE
+        ended = len(tasks) - answer["cancelled"] - len(refused)
+        out(f"Cancelled {answer['cancelled']} of the {len(tasks)} tasks of job array {array_id}"
+            + (f" ({ended} had ended)" if ended else "")
+            + (f"; {len(refused)} refused: {refused[0].get('detail')}" if refused else ""))
+    return EXIT_FAILURE if refused else EXIT_OK
 
 
 # --- catalogue
@@ -540,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--team")
     status.add_argument("--user")
     status.add_argument("--kind", choices=("train", "inference"))
-    status.add_argument("--array", type=_job_id, metavar="ARRAY_ID", help="the tasks of this job array")
+    status.add_argument("--array", type=_job_id, metavar="JOB_ID",
+                        help="every task of the job array this job is (or is a task of), by index")
     status.add_argument("--limit", type=int, default=50, help="at most this many jobs, newest first (default 50)")
     status.add_argument("--json", action="store_true")
 
@@ -551,7 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = command("cancel", cmd_cancel, "Cancel a job.")
     cancel.add_argument("job_id", type=_job_id, metavar="JOB_ID")
-    cancel.add_argument("--array", action="store_true", help="JOB_ID is a job array: cancel all its tasks")
+    cancel.add_argument("--array", action="store_true",
+                        help="cancel every task of the job array JOB_ID is (or is a task of) that has not ended")
     cancel.add_argument("--reason", help="recorded in the job's events")
     cancel.add_argument("--json", action="store_true")
 
