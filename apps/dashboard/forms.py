@@ -104,6 +104,10 @@ class JobSubmitForm(forms.Form):
     array_size = forms.IntegerField(required=False, min_value=1, max_value=MAX_ARRAY_SIZE, label="Array of tasks",
                                     help_text="Blank: one job. N: a job array of N tasks, alike but for their index, "
                                               "which each sees as CONSOLE_ARRAY_TASK_ID (0 to N-1).")
+    array_parallelism = forms.IntegerField(required=False, min_value=1, max_value=MAX_ARRAY_SIZE,
+                                           label="Array tasks at once",
+                                           help_text="Blank: as many as the quota allows. K: at most K of the "
+                                                     "array's tasks hold GPUs at once, lowest index first.")
     shareable = forms.BooleanField(required=False, label="Shareable",
                                    help_text="A one-GPU job that may share its GPU with another shareable job when "
                                              "both are measured to leave it mostly idle.")
@@ -202,7 +206,8 @@ class JobSubmitForm(forms.Form):
         }
         for optional, value in (("preset", data.get("preset")), ("time_limit_minutes", data.get("time_limit_minutes")),
                                 ("code", self._code(data)), ("shareable", data.get("shareable")),
-                                ("array_size", data.get("array_size"))):
+                                ("array_size", data.get("array_size")),
+                                ("array_parallelism", data.get("array_parallelism"))):
             if value:
                 request[optional] = value
         serializer = JobSubmitSerializer(data=request)

@@ -99,6 +99,8 @@ class Job(models.Model):
     array_id = models.PositiveBigIntegerField(null=True, blank=True, db_index=True)
     array_index = models.PositiveIntegerField(null=True, blank=True)
     array_size = models.PositiveIntegerField(null=True, blank=True)
+    # At most this many of the array's tasks hold GPUs at once (Slurm's --array=...%N); null: no limit of its own.
+    array_parallelism = models.PositiveIntegerField(null=True, blank=True)
 
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     pending_reason = models.CharField(max_length=300, blank=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +18,7 @@ from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.jobs.preempting import send_preemptions
 from apps.jobs.scheduling_rows import HOLDING_FIELDS, JOB_FIELDS, epoch, host_view, job_common
+from apps.jobs.selectors import throttled_array_tasks
 from apps.jobs.usage import gpu_seconds_by_team, month_start
 from apps.quotas.models import TeamQuota, UserQuota
 from apps.scheduling.config import PolicyConfig
@@ -79,9 +81,13 @@ def _attained_before_current_run(now: float) -> dict[int, float]:
     return attained
 
 
-def build_snapshot(now: float | None = None, config: PolicyConfig | None = None) -> Snapshot:
+def build_snapshot(now: float | None = None, config: PolicyConfig | None = None,
+                   held: Collection[int] | None = None) -> Snapshot:
+    """The cluster as the policy sees it. `held`: queued jobs it does not see (selectors.throttled_array_tasks,
+    looked up here when not given)."""
     now = now if now is not None else time.time()
     config = config or policy_config()
+    held = throttled_array_tasks() if held is None else held
     hosts = tuple(
         host_view(host, list(host.gpus.all()))
         for host in Host.objects.prefetch_related(Prefetch("gpus", queryset=GPU.objects.order_by("index")))
@@ -90,7 +96,7 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None)
     # victims for the same need; placements on them wait (job_place re-checks) until the agent releases them.
     holding = list(Job.objects.filter(state__in=Job.HOLDING_STATES, preempt_requested_at__isnull=True)
                    .values(**JOB_FIELDS, **HOLDING_FIELDS))
-    queued = Job.objects.filter(state=Job.State.QUEUED).values(**JOB_FIELDS)
+    queued = Job.objects.filter(state=Job.State.QUEUED).exclude(pk__in=list(held)).values(**JOB_FIELDS)
     gpu_ids: dict[int, list[int]] = defaultdict(list)
     for job_id, gpu_id in JobAllocation.objects.filter(released_at__isnull=True).order_by("id").values_list(
             "job_id", "gpu_id"):
@@ -150,7 +156,8 @@ class PassResult:
 def scheduler_pass() -> PassResult:
     started = time.perf_counter()
     config = policy_config()
-    snapshot = build_snapshot(config=config)
+    held = throttled_array_tasks()
+    snapshot = build_snapshot(config=config, held=held)
     decisions = schedule(snapshot, config)
     preempted, dropped = send_preemptions(decisions, config, lambda: build_snapshot(config=config))
     placed = 0
@@ -163,6 +170,7 @@ def scheduler_pass() -> PassResult:
         )
         for job_id, info in decisions.pending.items()
     }
+    pending_info.update((job_id, (reason, None, None, None)) for job_id, reason in held.items())
     for placement in decisions.placements:
         if placement.job_id in dropped:  # it starts on GPUs now free, in the next pass
             continue

@@ -28,6 +28,36 @@ def array_task_ids(array_id: int) -> list[int]:
     return list(Job.objects.filter(array_id=array_id).order_by("array_index").values_list("id", flat=True))
 
 
+def throttled_array_tasks() -> dict[int, str]:
+    """Queued tasks of job arrays that may not start now, each with the reason: an array with a parallelism N
+    lets its queued tasks, lowest index first, make up to N tasks holding GPUs (placed or running); the others
+    wait out of the scheduler's sight (Slurm's JobArrayTaskLimit), with no position or estimated start."""
+    limited: dict[int, int] = {}
+    for array_id, limit in (Job.objects.filter(state=Job.State.QUEUED, array_parallelism__isnull=False,
+                                               array_id__isnull=False)
+                            .order_by().values_list("array_id", "array_parallelism").distinct()):
+        if array_id is not None and limit is not None:
+            limited[array_id] = limit
+    if not limited:
+        return {}
+    room = dict(limited)
+    for array_id in Job.objects.filter(array_id__in=limited, state__in=Job.HOLDING_STATES).values_list(
+            "array_id", flat=True):
+        if array_id is not None:
+            room[array_id] -= 1
+    held: dict[int, str] = {}
+    queued = Job.objects.filter(array_id__in=limited, state=Job.State.QUEUED).order_by("array_index")
+    for job_id, array_id in queued.values_list("id", "array_id"):
+        if array_id is None:
+            continue
+        if room[array_id] > 0:
+            room[array_id] -= 1
+        else:
+            held[job_id] = (f"job array {array_id} runs at most {limited[array_id]} of its tasks at once: "
+                            "waiting for its turn (lowest index first)")
+    return held
+
+
 def job_events(job: Job) -> QuerySet[JobEvent]:
     return JobEvent.objects.filter(job=job).select_related("actor")
 

@@ -82,6 +82,9 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         min_value=1, max_value=MAX_ARRAY_SIZE, required=False, allow_null=True,
         help_text="submit a job array: this many tasks, alike but for their index, which each sees as "
                   "CONSOLE_ARRAY_TASK_ID (0 to array_size - 1; Slurm's --array)")
+    array_parallelism = serializers.IntegerField(
+        min_value=1, max_value=MAX_ARRAY_SIZE, required=False, allow_null=True,
+        help_text="with array_size: at most this many of its tasks hold GPUs at once (Slurm's --array=...%N)")
 
     def get_fields(self) -> dict[str, serializers.Field]:
         # DRF deep-copies the declared fields for every serializer, rebuilding each field and its validators: a
@@ -103,7 +106,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         data = dict(self.validated_data)
         gpus: Decimal = data.pop("gpus")
         memory_gb = data.pop("gpu_memory_gb", None)
-        for name in ("cpus", "memory_gb", "shm_gb", "array_size"):
+        for name in ("cpus", "memory_gb", "shm_gb", "array_size", "array_parallelism"):
             if data.get(name) is None:
                 data.pop(name, None)
         if gpus < 1:
@@ -150,6 +153,7 @@ class JobSerializer(serializers.ModelSerializer):
             "steps_per_second", "samples_per_second", "last_steps_per_second", "last_samples_per_second", "last_loss",
             "runtime_info", "allocations", "created_at", "placed_at", "started_at", "finished_at",
             "shareable", "wait_fraction", "measured_slowdown", "sharing", "array_id", "array_index", "array_size",
+            "array_parallelism",
         ]
         read_only_fields = fields
 
@@ -241,6 +245,7 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "shareable": job.shareable, "wait_fraction": job.wait_fraction,
         "measured_slowdown": (job.colocation or {}).get("slowdown"), "sharing": sharing_data(job),
         "array_id": job.array_id, "array_index": job.array_index, "array_size": job.array_size,
+        "array_parallelism": job.array_parallelism,
     }
 
 

@@ -65,8 +65,10 @@ class JobSpec:
     mounts: Any = None
     code: Any = None
     shm_gb: float | None = None
-    # A job array: this many tasks, alike but for their index (None: one job, not an array).
+    # A job array: this many tasks, alike but for their index (None: one job, not an array), at most
+    # `array_parallelism` of them holding GPUs at once (None: no limit of the array's own).
     array_size: int | None = None
+    array_parallelism: int | None = None
 
     @property
     def units(self) -> int:
@@ -252,7 +254,11 @@ def _check_gpus(spec: JobSpec, submitter: _Submitter) -> dict[str, object]:
 def _check_array(spec: JobSpec) -> dict[str, object]:
     size = spec.array_size
     if size is None:
+        if spec.array_parallelism is not None:
+            return {"array_parallelism": ["Only for a job array: give array_size too."]}
         return {}
+    if spec.array_parallelism is not None and not 1 <= spec.array_parallelism <= MAX_ARRAY_SIZE:
+        return {"array_parallelism": [f"At most 1 to {MAX_ARRAY_SIZE} tasks at once."]}
     if not 1 <= size <= MAX_ARRAY_SIZE:
         return {"array_size": [f"An array has 1 to {MAX_ARRAY_SIZE} tasks."]}
     if spec.kind != Job.Kind.TRAIN:
@@ -356,6 +362,7 @@ def job_submit(*, user: AbstractBaseUser, spec: JobSpec, request: HttpRequest | 
         pending_reason="waiting for the scheduler",
         array_index=None if spec.array_size is None else 0,
         array_size=spec.array_size,
+        array_parallelism=spec.array_parallelism,
     )
     limit = settings.JOBS_SUBMIT_PER_MINUTE
     tasks = spec.array_size or 1

@@ -33,6 +33,18 @@ def test_submit_an_array_lists_its_tasks_and_status_shows_them(console, gpuctl):
     assert detail.startswith(f"Job {tasks[1].pk}: sweep[1] ") and f"task 1 of 3 in job array {tasks[0].pk}" in detail
 
 
+def test_an_array_with_a_percent_runs_at_most_that_many_at_once(console, gpuctl):
+    result = gpuctl("submit", "--team", "vision", "--gpus", "1", "--builtin", "mlp-digits", "--array", "4%2", "-q")
+    assert result.code == 0, result.err
+    tasks = Job.objects.filter(array_id=int(result.out))
+    assert {(t.array_size, t.array_parallelism) for t in tasks} == {(4, 2)}
+    assert "task 1 of 4 in job array" in gpuctl("status", tasks.get(array_index=1).pk).out
+    assert ", at most 2 at once" in gpuctl("status", tasks.get(array_index=1).pk).out
+    for bad in ("4%0", "4%", "4%x"):
+        refused = gpuctl("submit", "--team", "vision", "--gpus", "1", "--builtin", "mlp-digits", "--array", bad)
+        assert refused.code == 2 and "--array" in refused.err
+
+
 def test_quiet_prints_the_array_id_and_cancel_array_cancels_the_tasks_left(console, gpuctl, world):
     array_id = int(gpuctl(*ARRAY, "-q").out)
     first = Job.objects.get(pk=array_id)

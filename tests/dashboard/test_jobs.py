@@ -31,9 +31,10 @@ def test_member_submits_a_job_through_the_form(world, web):
 
 
 def test_the_form_submits_a_job_array(world, web):
-    response = web(world.member).post("/jobs/new/", form_data(array_size="3"), follow=True)
+    response = web(world.member).post("/jobs/new/", form_data(array_size="3", array_parallelism="2"), follow=True)
     tasks = list(Job.objects.order_by("array_index"))
-    assert [(t.array_id, t.array_index, t.array_size) for t in tasks] == [(tasks[0].pk, i, 3) for i in range(3)]
+    assert [(t.array_id, t.array_index, t.array_size, t.array_parallelism) for t in tasks] == [
+        (tasks[0].pk, i, 3, 2) for i in range(3)]
     assert response.redirect_chain[-1][0] == f"/jobs/{tasks[0].pk}/"
     assert f"Job array {tasks[0].pk} submitted: 3 tasks." in response.content.decode()
 
@@ -68,6 +69,7 @@ def test_command_is_split_shell_like_or_one_argument_per_line(world, web, text, 
         ({"name": ""}, "name", "required"),
         ({"team": "nlp"}, "team", "valid choice"),
         ({"array_size": "0"}, "array_size", "greater than or equal to 1"),
+        ({"array_parallelism": "2"}, "array_parallelism", "Only for a job array"),
         ({"array_size": "2", "kind": "inference", "preset": "infer-fp32"}, "array_size", "Arrays are of training"),
     ],
 )

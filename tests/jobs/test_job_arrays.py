@@ -78,3 +78,31 @@ def test_a_tasks_page_says_which_task_of_which_array_it_is(world, client_for):
     assert f'href="/jobs/{ids[1]}/">resnet[1]</a>' in listing and f'href="/jobs/{ids[0]}/">resnet[0]</a>' in listing
     assert f'href="/jobs/{alone}/"' not in listing and f'href="/jobs/{alone}/"' in browser.get("/jobs/").content.decode()
     assert 'id="job-array"' not in browser.get(f"/jobs/{alone}/").content.decode()
+
+
+def test_an_array_with_a_parallelism_holds_at_most_that_many_gpus_sets_at_once(world, client_for):
+    client = client_for(world.member)
+    first = client.post("/api/v1/jobs/", train_spec(array_size=5, array_parallelism=2), format="json").json()
+    ids = first["array_job_ids"]
+    assert first["array_parallelism"] == 2
+    scheduler_pass()  # 16 GPUs free: only the two lowest indices start
+    states = dict(Job.objects.filter(array_id=ids[0]).values_list("array_index", "state"))
+    assert states == {0: "placed", 1: "placed", 2: "queued", 3: "queued", 4: "queued"}
+    held = Job.objects.get(pk=ids[2])
+    assert held.pending_reason == (
+        f"job array {ids[0]} runs at most 2 of its tasks at once: waiting for its turn (lowest index first)")
+    assert (held.queue_position, held.estimated_start) == (None, None)
+    services.job_finish(ids[0], succeeded=True, exit_code=0, reason="exited with code 0")
+    scheduler_pass()  # one ended: the next index takes its turn
+    states = dict(Job.objects.filter(array_id=ids[0]).values_list("array_index", "state"))
+    assert states == {0: "succeeded", 1: "placed", 2: "placed", 3: "queued", 4: "queued"}
+    # A job submitted alone, or an array without a parallelism, is not held.
+    other = client.post("/api/v1/jobs/", train_spec(array_size=3), format="json").json()["array_job_ids"]
+    scheduler_pass()
+    assert set(Job.objects.filter(pk__in=other).values_list("state", flat=True)) == {"placed"}
+
+
+def test_a_parallelism_without_an_array_is_refused_naming_it(world, client_for):
+    refused = client_for(world.member).post("/api/v1/jobs/", train_spec(array_parallelism=2), format="json")
+    assert refused.status_code == 400 and "array_parallelism" in refused.json()
+    assert not Job.objects.exists()

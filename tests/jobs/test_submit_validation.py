@@ -52,6 +52,8 @@ BAD_SPECS = [
     ("array_size", {"array_size": 501}),
     ("array_size", {"array_size": "many"}),
     ("array_size", {"kind": "inference", "preset": "infer-fp32", "array_size": 2}),
+    ("array_parallelism", {"array_size": 4, "array_parallelism": 0}),
+    ("array_parallelism", {"array_parallelism": 2}),
 ]
 
 

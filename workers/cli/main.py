@@ -156,7 +156,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         "priority": args.priority, "preset": args.preset, "max_steps": args.max_steps,
         "time_limit_minutes": args.time_limit, "max_retries": args.max_retries, "cpus": args.cpus,
         "memory_gb": args.memory_gb, "image": args.image, "shm_gb": args.shm_gb,
-        "shareable": True if args.shareable else None, "array_size": args.array,
+        "shareable": True if args.shareable else None,
+        "array_size": args.array[0] if args.array else None, "array_parallelism": args.array[1] if args.array else None,
     }
     spec = build_spec(base, fields, builtin=args.builtin, params=args.param, command=args.command_line,
                       argv=args.argv, env=args.env, secrets=args.secret, mounts=args.mount, code_dir=args.code,
@@ -392,7 +393,15 @@ def _positive_int(what: str) -> Callable[[str], int]:
 
 
 _job_id = _positive_int("a job id")
-_array_size = _positive_int("the number of an array's tasks")
+
+
+def _array(text: str) -> tuple[int, int | None]:
+    """--array N or N%K: (tasks, at most this many at once or None)."""
+    size, percent, parallel = text.partition("%")
+    tasks = _positive_int("the number of an array's tasks")(size)
+    if not percent:
+        return tasks, None
+    return tasks, _positive_int("the number of an array's tasks at once (after %)")(parallel)
 
 
 def _positive_float(text: str) -> float:
@@ -504,9 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-steps", type=int)
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
     submit.add_argument("--max-retries", type=int)
-    submit.add_argument("--array", type=_array_size, metavar="N",
+    submit.add_argument("--array", type=_array, metavar="N[%%K]",
                         help="a job array: N tasks, alike but for their index, which each sees as "
-                             "$CONSOLE_ARRAY_TASK_ID (0 to N-1; Slurm's --array)")
+                             "$CONSOLE_ARRAY_TASK_ID (0 to N-1), at most K of them at once (Slurm's --array)")
     submit.add_argument("--shareable", action="store_true",
                         help="a one-GPU job that may share its GPU with another shareable job when both are "
                              "measured to leave it mostly idle")

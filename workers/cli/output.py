@@ -171,7 +171,9 @@ def job_detail(job: dict[str, Any]) -> str:
 
     add("state", job.get("state"))
     if job.get("array_id") is not None:
-        add("array", f"task {job.get('array_index')} of {job.get('array_size')} in job array {job['array_id']}")
+        at_once = f", at most {job['array_parallelism']} at once" if job.get("array_parallelism") else ""
+        add("array", f"task {job.get('array_index')} of {job.get('array_size')} in job array {job['array_id']}"
+                     + at_once)
     if job.get("state") in ("queued", "preempted"):
         add("pending", job.get("pending_reason"))
         add("queue", f"position {job['queue_position']}" if job.get("queue_position") else None)

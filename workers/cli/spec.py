@@ -17,7 +17,7 @@ from workers.cli.errors import UsageError
 SPEC_FIELDS = (
     "name", "team", "kind", "gpus", "gpu_type", "priority", "preset", "workload", "max_steps",
     "time_limit_minutes", "max_retries", "cpus", "memory_gb", "shareable",
-    "image", "env", "secrets", "mounts", "code", "shm_gb", "array_size",
+    "image", "env", "secrets", "mounts", "code", "shm_gb", "array_size", "array_parallelism",
 )
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

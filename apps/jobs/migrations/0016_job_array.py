@@ -25,4 +25,9 @@ class Migration(migrations.Migration):
             name='array_size',
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name='job',
+            name='array_parallelism',
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
     ]
