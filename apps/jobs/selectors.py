@@ -24,7 +24,8 @@ def attempt_allocations(job: Job) -> list[JobAllocation]:
 
 
 def array_task_ids(array_id: int) -> list[int]:
-    """The ids of a job array's tasks, by index."""
+    """The ids of a job array's tasks, by index. Not restricted to what anyone may see: for the answer to the
+    submission that made the array (lists for users go through access.restrict, as the jobs API's ?array= does)."""
     return list(Job.objects.filter(array_id=array_id).order_by("array_index").values_list("id", flat=True))
 
 
