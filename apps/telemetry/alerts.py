@@ -170,17 +170,20 @@ def _fire_for_gpu(rule: RuleView, host: Host, gpu: dict[str, Any], maps: Any, su
         from apps.jobs.models import Job
 
         found = (Job.objects.filter(pk=job_id)
-                 .values_list("team_id", "state", "placed_at", "preempt_requested_at").first())
+                 .values_list("team_id", "state", "started_at", "preempt_requested_at").first())
         if found is None:
             return None
-        team_id, state, placed_at, stop_requested_at = found
+        team_id, state, started_at, stop_requested_at = found
         if rule.kind == AlertRule.Kind.JOB_IDLE and (
-            state not in Job.HOLDING_STATES
+            state != Job.State.RUNNING
             or stop_requested_at is not None
-            or (placed_at is not None and now - max(since, placed_at.timestamp()) < rule.duration_s)
+            or (started_at is not None and now - max(since, started_at.timestamp()) < rule.duration_s)
         ):
-            # A sample of a run that is over (the host's GPU-to-job map is cached for MAP_TTL_S) or asked to stop,
-            # or a run placed again whose idle time is counted from its placement, not from its earlier run's.
+            # A sample of a run that is over (the host's GPU-to-job map is cached for MAP_TTL_S) or asked to stop;
+            # a run still starting (placed: dispatched, its image pulled, its code fetched), whose GPUs are not yet
+            # its process's to use; or a run whose idle time is counted from its process's start, not from an
+            # earlier run's nor from its placement (CI: a start slowed by load read idle, then busy, and the rule
+            # fired twice).
             return None
     message = _describe(rule, host, gpu, value)
     if job_id is not None and idle_release.applies(rule, team_id):

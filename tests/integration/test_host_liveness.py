@@ -216,12 +216,16 @@ def test_an_idle_job_is_warned_then_checkpointed_and_released(cluster):
     admin = cluster.admin()
     create_team(admin, "it", 4)
     rule = next(r for r in admin.get("/api/v1/alert-rules/").json()["results"] if r["kind"] == "job_idle")
+    job = cluster.submit(gpus=1, workload={"command": SLEEPER})
+    cluster.wait_state(job["id"], {"running"})
+    # The rule is armed once the job's process is up and asleep. On a loaded machine a start can take seconds of
+    # little CPU (idle samples) before the interpreter's busy ones: a 3-second rule armed before it fired, saw the
+    # busy start call its release off, and fired again (two alerts, CI twice).
+    cluster.wait_for(lambda: "proc pid=" in cluster.log(job["id"]), timeout=60, what="the job's process to start")
     changed = admin.patch(
         f"/api/v1/alert-rules/{rule['id']}/", json={"duration_s": 3, "action": "release_job"}
     )
     assert changed.status_code == 200, changed.text
-    job = cluster.submit(gpus=1, workload={"command": SLEEPER})
-    cluster.wait_state(job["id"], {"running"})
     done = cluster.wait_state(job["id"], {"cancelled", "failed", "succeeded", "queued"}, timeout=180)
     events = [e["reason"] for e in admin.get(f"/api/v1/jobs/{job['id']}/events/").json()["results"]]
     assert done["state"] == "cancelled", (done, events)
@@ -237,7 +241,7 @@ def test_an_idle_job_is_warned_then_checkpointed_and_released(cluster):
     # (other rules may have fired about the job's GPU too, an earlier test's fault on it for one: not this test's)
     alerts = [a for a in admin.get("/api/v1/alerts/").json()["results"] if a["job"] == job["id"]]
     idle = [a for a in alerts if a["rule"] == rule["name"]]
-    assert len(idle) == 1, alerts
+    assert len(idle) == 1, (alerts, events)
     [alert] = idle
     assert "released in 5 s" in alert["message"]
     cluster.wait_for(

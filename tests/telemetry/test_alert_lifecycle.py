@@ -193,7 +193,7 @@ def idle_rule(*, duration_s: int, action: str | None = None) -> AlertRule:
 
 def test_a_job_alert_of_an_earlier_attempt_resolves(world, sim_host):
     _, client = sim_host
-    job = run_job_on_sim(world)
+    job = run_job_on_sim(world, started=True)
     rule = idle_rule(duration_s=0)
     send(client, [gpu_sample(0, util=1.0)])
     alert = Alert.objects.get(rule=rule)
@@ -214,12 +214,7 @@ def release_rule(world):
 
 
 def running_on_sim(world) -> Job:
-    job = run_job_on_sim(world)
-    sim = Host.objects.get(name="sim-t")
-    job_services.job_report_status(host=sim, job_id=job.pk, status=JobStatus("running", 1))
-    job.refresh_from_db()
-    assert job.state == "running"
-    return job
+    return run_job_on_sim(world, started=True)
 
 
 def idle_job_warned(world, sim_host, rule: AlertRule):
@@ -286,21 +281,32 @@ def test_a_late_idle_sample_of_a_released_job_fires_nothing(world, sim_host, rel
     assert reasons(job) == events
 
 
-def test_a_job_placed_again_is_idle_only_after_the_rules_duration_in_its_new_run(world, sim_host):
+def test_a_job_started_again_is_idle_only_after_the_rules_duration_in_its_new_run(world, sim_host):
     _, client = sim_host
     job = running_on_sim(world)
     rule = idle_rule(duration_s=600)
     send(client, [gpu_sample(0, util=1.0)])  # idle from now on, in this run
     assert not Alert.objects.filter(rule=rule).exists()
-    # Long idle in its first run (the pending start is 20 minutes old), but placed again a minute ago.
+    # Long idle in its first run (the pending start is 20 minutes old), but started again a minute ago.
     key = alerts._pending_key(rule.pk, f"job:{job.pk}:{gpu_sample(0)['uuid']}")
     cache.set(key, cache.get(key) - 1200)
-    Job.objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(seconds=60))
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=60))
     send(client, [gpu_sample(0, util=1.0)])
     assert not Alert.objects.filter(rule=rule).exists()
-    Job.objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(seconds=1200))
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=1200))
     send(client, [gpu_sample(0, util=1.0)])
     assert Alert.objects.filter(rule=rule, job=job).count() == 1
+
+
+def test_a_job_still_starting_is_not_idle(world, sim_host):
+    """Placed but its process not started yet (dispatched, its image pulled, its code fetched): its GPUs read idle,
+    but they are not its process's to use yet."""
+    _, client = sim_host
+    run_job_on_sim(world)
+    Job.objects.update(state="placed", started_at=None)
+    rule = idle_rule(duration_s=0)
+    send(client, [gpu_sample(0, util=1.0)])
+    assert not Alert.objects.filter(rule=rule).exists()
 
 
 def test_an_idle_job_that_gets_busy_in_its_grace_is_not_released(world, sim_host, release_rule, settings):

@@ -11,10 +11,11 @@ from apps.cluster.models import GPU, Host
 from apps.cluster.services import host_token_issue
 from apps.jobs.models import Job
 from apps.jobs.scheduler import scheduler_pass
-from apps.jobs.services import JobSpec, job_submit
+from apps.jobs.services import JobSpec, job_report_status, job_submit
 from apps.telemetry import alerts, services
 from apps.telemetry.models import Alert, AlertRule, GpuSampleBucket, JobGpuStats
 from tests.telemetry.conftest import gpu_sample
+from workers.protocol import JobStatus
 
 
 def send(client: APIClient, gpus: list[dict], xid: list[dict] | None = None):
@@ -22,12 +23,16 @@ def send(client: APIClient, gpus: list[dict], xid: list[dict] | None = None):
                        format="json")
 
 
-def run_job_on_sim(world) -> Job:
+def run_job_on_sim(world, *, started: bool = False) -> Job:
+    """A job placed on the simulated host; `started`: running there too (its agent reported its process up)."""
     Host.objects.exclude(name="sim-t").update(state="down")
     job = job_submit(user=world.member, spec=JobSpec(name="t", kind="train", gpus=1, team="vision",
                                                      workload={"builtin": "mlp-digits"}))
     scheduler_pass()
+    if started:
+        job_report_status(host=Host.objects.get(name="sim-t"), job_id=job.pk, status=JobStatus("running", 1))
     job.refresh_from_db()
+    assert job.state == ("running" if started else "placed")
     services.forget_host_maps()
     return job
 
@@ -126,7 +131,7 @@ def test_xid_fires_at_once_and_marks_the_gpu_faulty(world, sim_host):
 def test_idle_release_applies_only_to_the_rules_teams(world, sim_host):
     """A rule scoped to nlp warns vision's idle job (the alert) without a release warning or a release."""
     _, client = sim_host
-    job = run_job_on_sim(world)
+    job = run_job_on_sim(world, started=True)
     rule = AlertRule.objects.get(kind="job_idle")
     rule.duration_s = 0
     rule.action = AlertRule.Action.RELEASE_JOB
@@ -144,12 +149,12 @@ def test_idle_release_applies_only_to_the_rules_teams(world, sim_host):
 
     assert idle_release.release_due(timezone.now() + timedelta(days=1)) == 0
     job.refresh_from_db()
-    assert job.state == "placed" and not job.events.filter(reason__startswith="warning").exists()
+    assert job.state == "running" and not job.events.filter(reason__startswith="warning").exists()
 
 
 def test_alert_api_visibility_and_acknowledge(world, sim_host, client_for):
     _, client = sim_host
-    job = run_job_on_sim(world)
+    job = run_job_on_sim(world, started=True)
     rule = AlertRule.objects.get(kind="job_idle")
     rule.duration_s = 0
     rule.save()
