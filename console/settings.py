@@ -241,6 +241,10 @@ SCHEDULER = {
     "aging_long_run_multiple": env_float("CONSOLE_AGING_LONG_RUN_MULTIPLE", 4.5, minimum=0.0),
     "borrowing": env_bool("CONSOLE_SCHEDULER_BORROWING", True),
     "backfill": env_bool("CONSOLE_SCHEDULER_BACKFILL", False),
+    # A gang that the free GPUs hold in number but not on the fewest hosts moves up to this many running jobs
+    # elsewhere (apps/scheduling/defrag.py; CONSOLE_SCHEDULER_DEFRAGMENT=0 turns it off)
+    "defragment": env_bool("CONSOLE_SCHEDULER_DEFRAGMENT", True),
+    "max_defrag_moves": env_int("CONSOLE_SCHEDULER_MAX_DEFRAG_MOVES", 4, minimum=0),
 }
 # Measured-utilization packing of shareable jobs (apps.scheduling.colocation.ColocationConfig; docs/architecture.md
 # "Sharing GPUs"): a pass every scheduler interval, when enabled.

@@ -76,3 +76,9 @@ class PolicyConfig:
     backfill: bool = False
     # Only reserve for a head that has waited this long.
     reserve_after_wait_s: float = 0.0
+    # Defragmentation (defrag.py): a gang within its team's quota that the free GPUs of its type would hold, but not
+    # on the fewest hosts (consolidate), gets them by moving at most `max_defrag_moves` running jobs elsewhere;
+    # at most `max_defrag_searches` gangs a pass are looked at (each search copies the free GPUs).
+    defragment: bool = True
+    max_defrag_moves: int = 4
+    max_defrag_searches: int = 4

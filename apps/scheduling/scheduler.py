@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
 from apps.scheduling.config import PolicyConfig
+from apps.scheduling.defrag import MOVED, plan_defrag
 from apps.scheduling.estimate import Order, Waiting, expected_arrivals, start_times
 from apps.scheduling.estimate import Release as EndsAt
 from apps.scheduling.ordering import (
@@ -205,7 +206,8 @@ class ConsolePass:
     # its keys (CPython 3.11), every read of one a lookup.
     __slots__ = (
         "behind_reasons", "borrow_reasons", "candidates", "capacity_reasons", "confidence", "config",
-        "container_total", "expected", "fair", "fence", "free", "moved_remaining", "no_fit", "now", "pending",
+        "container_total", "defrag_searches", "expected", "fair", "fence", "free", "moved_remaining", "no_fit", "now",
+        "pending",
         "placed_ends", "placed_jobs", "placements", "preemptions", "quotas", "reservation", "schedulable_total",
         "scores", "searches", "service", "sharers", "snapshot", "states", "team_held", "team_lends", "user_held",
         "victim_index", "widest_host",
@@ -234,6 +236,7 @@ class ConsolePass:
         self.pending: dict[int, PendingInfo] = {}
         self.reservation: Reservation | None = None
         self.searches = 0
+        self.defrag_searches = 0
         self.no_fit: dict[str | None, tuple[int, int]] = {}  # (whole-GPU jobs without an image)
         self.widest_host: dict[str | None, int] = {t: n for t, n in self.free.host_capacity.items()}
         self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
@@ -249,7 +252,7 @@ class ConsolePass:
         self.confidence: dict[int, float] = {}
         self.expected: dict[int, float] = {}
         # jobs placed in this pass, with their predicted run time
-        self.placed_jobs: list[tuple[PendingJob, float, int]] = []
+        self.placed_jobs: list[tuple[PendingJob | RunningJob, float, int]] = []
         # job id -> the order's estimate of its remaining GPU-time (ordering.estimate_service)
         self.service: dict[int, ServiceEstimate] = {}
         # job id -> its score (_score)
@@ -510,6 +513,38 @@ class ConsolePass:
         self._commit(job, chosen, False, remaining_s)
         return True
 
+    def _defragment(self, job: PendingJob, remaining_s: float) -> bool:
+        """Place gang `job` by moving a few running jobs off the hosts it needs (defrag.py), when enough GPUs of its
+        type are free but not on the fewest hosts. The moved jobs are stopped (checkpointed) and placed again on
+        their new GPUs in the same pass; their GPUs and quota stay counted as theirs."""
+        if (
+            not self.config.defragment
+            or job.gpus <= 1
+            or is_fractional(job)
+            or self.free.count(job.gpu_type) < job.gpus
+            or (self.reservation is not None and self.reservation.held)
+        ):
+            return False
+        self.defrag_searches += 1
+        plan = plan_defrag(job, self.states, self.free, self.config.consolidate, self.config.max_defrag_moves)
+        if plan is None:
+            return False
+        reason = MOVED.format(job=job.job_id, gpus=job.gpus)
+        for move in plan.moves:
+            state = move.state
+            state.stopped = True
+            self._release(state)
+            self.victim_index.remove(state)
+            self.preemptions.append(Preemption(state.job.job_id, reason, for_job=job.job_id))
+        self._commit(job, (plan.gang, FULL), False, remaining_s)
+        for move in plan.moves:
+            running = move.state.job
+            self.free.take(move.to)
+            self.placements.append(Placement(running.job_id, move.to, running.borrowing, 1.0))
+            self.placed_ends.append((self.now + move.state.remaining_s, move.to, running.team, FULL, 0))
+            self.placed_jobs.append((running, move.state.remaining_s, FULL))
+        return True
+
     def _quota_allows(self, job: PendingJob, choice: Choice) -> bool:
         quota = self.snapshot.quotas[job.team]
         units = choice[1] * len(choice[0])
@@ -718,6 +753,8 @@ class ConsolePass:
         if self.searches < config.max_preemption_searches and self._try_preempt(
             job, score, remaining, within_quota, quota_room_needed
         ):
+            return None
+        if within_quota and self.defrag_searches < config.max_defrag_searches and self._defragment(job, remaining):
             return None
         if not within_quota:
             if may_borrow:

@@ -144,3 +144,28 @@ def test_a_preemption_is_rechecked_against_free_gpus_just_before_it_is_sent(worl
     scheduler_pass()
     assert fresh(urgent).state == "placed" and fresh(low).state == "running"
     assert {a.gpu.host.name for a in fresh(urgent).allocations.all()} == {"node-b"}
+
+
+def test_a_gang_the_free_gpus_fit_only_in_number_moves_the_jobs_in_its_way(world):
+    # nlp's four single-GPU jobs hold two GPUs on each host: 12 GPUs free, but no host of 8 for vision's gang.
+    small = [submit(world.other, 1, team="nlp") for _ in range(4)]
+    for job, gpu in zip(small, [world.gpus[0], world.gpus[1], world.gpus[8], world.gpus[9]], strict=True):
+        assert services.job_place(job.pk, (gpu.pk,), share_units=100)
+        start(job)
+    gang = submit(world.member, 8)
+    assert scheduler_pass().preempted == 2
+    moved = [job for job in small if fresh(job).preempt_requested_at is not None]
+    assert len(moved) == 2 and all(fresh(job).state == "running" for job in moved)
+    hosts = {a.gpu.host.name for job in moved for a in fresh(job).allocations.filter(released_at__isnull=True)}
+    assert len(hosts) == 1  # the two on one host, which the gang is to get
+    assert any("to make room for job" in e.reason for e in fresh(moved[0]).events.all())
+    assert fresh(gang).pending_reason == "starting: waiting for its GPUs to be released"
+    for job in moved:
+        agent_reports_preempted(job)
+        assert fresh(job).state == "queued"
+    scheduler_pass()
+    assert fresh(gang).state == "placed"
+    assert {a.gpu.host.name for a in fresh(gang).allocations.all()} == hosts
+    assert all(fresh(job).state == "placed" for job in moved)
+    held = [a.gpu_id for job in [*small, gang] for a in fresh(job).allocations.filter(released_at__isnull=True)]
+    assert len(held) == len(set(held)) == 12

@@ -10,6 +10,9 @@ with memory requests and image jobs on container hosts; a runtime history; and t
 replayed by the simulator, every pass's decisions hashed in turn (the simulator is part of that case: a change
 to simulation.py that changes what it feeds the pass changes the hash too).
 
+Every case runs without defragmentation (PolicyConfig.defragment, added after the recording: it changes decisions on
+purpose; tests/scheduling/test_defrag.py checks it).
+
 Regenerate (only from code whose decisions are known right): python -m tests.scheduling.test_pass_equivalence
 """
 
@@ -157,6 +160,10 @@ def with_services(snapshot: Snapshot) -> Snapshot:
 
 
 def synthetic_cases() -> dict[str, tuple[Callable[[], Snapshot], PolicyConfig]]:
+    return {name: (build, replace(config, defragment=False)) for name, (build, config) in _synthetic_cases().items()}
+
+
+def _synthetic_cases() -> dict[str, tuple[Callable[[], Snapshot], PolicyConfig]]:
     console = PolicyConfig()
     return {
         "small": (lambda: synthetic_snapshot(200, 8, 8, seed=2), console),
@@ -203,7 +210,7 @@ def trace_run(policy: str, shares: bool = False) -> dict[str, object]:
     decisions hashed in a chain."""
     jobs = assign_teams(with_declarations(load_trace(TRACE, "muri", "muri")[:TRACE_JOBS], "noisy", 0), 2)
     hosts = build_hosts(8, 8)
-    config = PolicyConfig(policy=policy)
+    config = PolicyConfig(policy=policy, defragment=False)
     chain = hashlib.sha256()
     counts = {"passes": 0, "placed": 0, "preempted": 0, "estimated": 0}
 
