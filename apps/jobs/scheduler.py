@@ -171,11 +171,8 @@ def scheduler_pass() -> PassResult:
         for job_id, info in decisions.pending.items()
     }
     pending_info.update((job_id, (reason, None, None, None)) for job_id, reason in held.items())
-    # A job moved to make room for a gang (apps/scheduling/defrag.py) is placed again once its checkpoint is written
-    # and it is queued: a later pass places it then.
-    moved = {preemption.job_id for preemption in decisions.preemptions}
     for placement in decisions.placements:
-        if placement.job_id in dropped or placement.job_id in moved:  # dropped: it starts on GPUs now free, later
+        if placement.job_id in dropped:  # it starts on GPUs now free, in the next pass
             continue
         share_units = round(placement.gpu_share * 100)
         if services.job_place(placement.job_id, placement.gpu_ids, borrowing=placement.borrowing,

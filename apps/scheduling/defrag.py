@@ -6,12 +6,17 @@ queue waited an hour and a half beside 16 to 21 free GPUs, never four whole host
 three workloads spent 7-100 % of their wait so: benchmarks/traces/pollux/README.md, "Defragmentation"). Run:ai's
 consolidation and Gandiva's migration answer it the same way: move the few jobs in the way onto free GPUs elsewhere.
 
-A plan moves running jobs off the hosts the gang needs onto GPUs that are free now and that the gang does not take;
-each moved job is checkpointed and stopped, and placed again at once on its new GPUs (in the console: queued again
-at its place in the order once its checkpoint is written, and started where GPUs are free then). A job may be moved
+A plan moves running jobs off the hosts the gang needs, and only where GPUs that are free now and that the gang does
+not take would hold each of them (`Move.to`). Each moved job is checkpointed and stopped as a victim is, waits again at
+its place in the order, and a later pass starts it where GPUs are free then: in the console its checkpoint takes
+seconds, and the simulator does the same (placing the moved jobs on at once, in the same pass, gave the same
+figures: Pollux realistic p99 18.05 h against 18.15 h this way, with exact declarations). A job may be moved
 when it holds whole GPUs on one host, may be preempted, has run its protected time (preemption.protected_run_s: a
-job just moved is not moved again at once), is not a replica of an inference service, and is of the gang's class or
-a lower one. A plan moves at most `max_moves` jobs; of the plans found, the one that moves the fewest GPUs wins.
+job just moved is not moved again at once), is not a replica of an inference service, and comes before the gang in
+the pass's order (a higher class, or a lower score in its class): waiting again, it comes before every job that the
+gang's placement let pass, so it starts again first, on the free GPUs the plan found for it. (A job that comes after
+the gang, a long-running one under attained service, would wait again behind the queue.) A plan moves at most
+`max_moves` jobs; of the plans found, the one that moves the fewest GPUs wins.
 
 Pure: no Django (the console's pass and the simulator call it through scheduler.ConsolePass).
 """
@@ -35,7 +40,7 @@ MOVED = "moved to other GPUs to make room for job {job}, a gang of {gpus} GPUs t
 @dataclass(frozen=True, slots=True)
 class Move:
     state: RunState
-    # the free GPUs it goes to
+    # free GPUs off the gang's that would hold it now (where it is likely to start again)
     to: tuple[int, ...]
 
 
@@ -49,8 +54,8 @@ class DefragPlan:
         return sum(len(move.to) for move in self.moves)
 
 
-def movable(state: RunState, job: PendingJob) -> bool:
-    """Whether the pass may move running job `state` to make room for waiting gang `job`."""
+def movable(state: RunState, job: PendingJob, job_score: float) -> bool:
+    """Whether the pass may move running job `state` to make room for waiting gang `job` (of score `job_score`)."""
     running = state.job
     return (
         not state.stopped
@@ -59,12 +64,12 @@ def movable(state: RunState, job: PendingJob) -> bool:
         and running.service_group is None
         and not is_fractional(running)
         and len(state.hosts) == 1
-        and int(running.priority) <= int(job.priority)
+        and (-int(running.priority), state.score) < (-int(job.priority), job_score)
     )
 
 
 def plan_defrag(
-    job: PendingJob, states: Sequence[RunState], free: FreeGpus, consolidate: bool, max_moves: int
+    job: PendingJob, job_score: float, states: Sequence[RunState], free: FreeGpus, consolidate: bool, max_moves: int
 ) -> DefragPlan | None:
     """The plan that moves the fewest GPUs so that whole-GPU gang `job` fits, or None (it fits already, no plan
     moves at most `max_moves` jobs, or the moved jobs would find no free GPUs). Only for consolidated placement:
@@ -73,7 +78,7 @@ def plan_defrag(
         return None
     by_host: dict[str, list[RunState]] = {}
     for state in states:
-        if movable(state, job):
+        if movable(state, job, job_score):
             by_host.setdefault(next(iter(state.hosts)), []).append(state)
     if not by_host:
         return None

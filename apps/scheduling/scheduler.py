@@ -206,9 +206,9 @@ class ConsolePass:
     # its keys (CPython 3.11), every read of one a lookup.
     __slots__ = (
         "behind_reasons", "borrow_reasons", "candidates", "capacity_reasons", "confidence", "config",
-        "container_total", "defrag_searches", "expected", "fair", "fence", "free", "moved_remaining", "no_fit", "now",
-        "pending",
-        "placed_ends", "placed_jobs", "placements", "preemptions", "quotas", "reservation", "schedulable_total",
+        "container_total", "defrag_moves", "defrag_searches", "expected", "fair", "fence", "free", "moved_remaining",
+        "no_fit", "now", "pending", "placed_ends", "placed_jobs", "placements", "preemptions", "quotas", "reservation",
+        "schedulable_total",
         "scores", "searches", "service", "sharers", "snapshot", "states", "team_held", "team_lends", "user_held",
         "victim_index", "widest_host",
     )
@@ -237,6 +237,7 @@ class ConsolePass:
         self.reservation: Reservation | None = None
         self.searches = 0
         self.defrag_searches = 0
+        self.defrag_moves = 0  # jobs moved for a gang in this pass
         self.no_fit: dict[str | None, tuple[int, int]] = {}  # (whole-GPU jobs without an image)
         self.widest_host: dict[str | None, int] = {t: n for t, n in self.free.host_capacity.items()}
         self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
@@ -513,10 +514,11 @@ class ConsolePass:
         self._commit(job, chosen, False, remaining_s)
         return True
 
-    def _defragment(self, job: PendingJob, remaining_s: float) -> bool:
+    def _defragment(self, job: PendingJob, score: float, remaining_s: float) -> bool:
         """Place gang `job` by moving a few running jobs off the hosts it needs (defrag.py), when enough GPUs of its
-        type are free but not on the fewest hosts. The moved jobs are stopped (checkpointed) and placed again on
-        their new GPUs in the same pass; their GPUs and quota stay counted as theirs."""
+        type are free but not on the fewest hosts. The moved jobs are stopped (checkpointed) as victims are: they
+        wait again at their place in the order, and a later pass starts them where GPUs are free (the plan made sure
+        some are, off the gang's hosts)."""
         if (
             not self.config.defragment
             or job.gpus <= 1
@@ -526,10 +528,11 @@ class ConsolePass:
         ):
             return False
         self.defrag_searches += 1
-        plan = plan_defrag(job, self.states, self.free, self.config.consolidate, self.config.max_defrag_moves)
+        plan = plan_defrag(job, score, self.states, self.free, self.config.consolidate, self.config.max_defrag_moves)
         if plan is None:
             return False
         reason = MOVED.format(job=job.job_id, gpus=job.gpus)
+        self.defrag_moves += len(plan.moves)
         for move in plan.moves:
             state = move.state
             state.stopped = True
@@ -538,11 +541,9 @@ class ConsolePass:
             self.preemptions.append(Preemption(state.job.job_id, reason, for_job=job.job_id))
         self._commit(job, (plan.gang, FULL), False, remaining_s)
         for move in plan.moves:
-            running = move.state.job
-            self.free.take(move.to)
-            self.placements.append(Placement(running.job_id, move.to, running.borrowing, 1.0))
-            self.placed_ends.append((self.now + move.state.remaining_s, move.to, running.team, FULL, 0))
-            self.placed_jobs.append((running, move.state.remaining_s, FULL))
+            state = move.state
+            self.team_held[state.job.team] -= state.held
+            self.user_held[(state.job.team, state.job.user)] -= state.held
         return True
 
     def _quota_allows(self, job: PendingJob, choice: Choice) -> bool:
@@ -695,8 +696,9 @@ class ConsolePass:
                 higher_class_waiting[-negative_priority] += 1
                 counted += 1
         self._explain(waiting, self._with_head(self._with_slices(queue, sliceable)))
-        # GPUs freed by preemption may now fit jobs examined before them: ask to be called again at once.
-        wake_at = self.now if self.preemptions and self.pending else self._wake_at()
+        # GPUs freed by preemption may now fit jobs examined before them, and a job moved for a gang has GPUs free
+        # elsewhere: ask to be called again at once.
+        wake_at = self.now if self.preemptions and (self.pending or self.defrag_moves) else self._wake_at()
         return Decisions(
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
@@ -754,7 +756,11 @@ class ConsolePass:
             job, score, remaining, within_quota, quota_room_needed
         ):
             return None
-        if within_quota and self.defrag_searches < config.max_defrag_searches and self._defragment(job, remaining):
+        if (
+            within_quota
+            and self.defrag_searches < config.max_defrag_searches
+            and self._defragment(job, score, remaining)
+        ):
             return None
         if not within_quota:
             if may_borrow:

@@ -158,6 +158,7 @@ def test_a_gang_the_free_gpus_fit_only_in_number_moves_the_jobs_in_its_way(world
     assert len(moved) == 2 and all(fresh(job).state == "running" for job in moved)
     hosts = {a.gpu.host.name for job in moved for a in fresh(job).allocations.filter(released_at__isnull=True)}
     assert len(hosts) == 1  # the two on one host, which the gang is to get
+    assert scheduler_pass().preempted == 0  # asked once; their agent is checkpointing
     assert any("to make room for job" in e.reason for e in fresh(moved[0]).events.all())
     assert fresh(gang).pending_reason == "starting: waiting for its GPUs to be released"
     for job in moved:
