@@ -31,9 +31,9 @@ from apps.scheduling.preemption import RunState
 from apps.scheduling.sharing import is_fractional
 from apps.scheduling.types import PendingJob
 
-# The reason a moved job is given (the console shows it on the job's page and in its events).
 # Plans checked on a copy of the free GPUs per GPU type, the cheapest first (a copy costs O(GPUs)).
 MAX_CHECKED = 4
+# The reason a moved job is given (the console shows it on the job's page and in its events).
 MOVED = "moved to other GPUs to make room for job {job}, a gang of {gpus} GPUs that the free GPUs fit only if moved"
 
 

@@ -17,6 +17,8 @@ from typing import TypeVar
 
 import pytest
 
+from tests.browser import STEP_TIMEOUT_MS
+
 CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
                  "--no-first-run", "--disable-component-update", "--disable-sync"]
@@ -125,7 +127,7 @@ def page_for(browser, live_server):
 
     def make(user=None):
         context = browser.new_context(viewport={"width": 1400, "height": 900}, base_url=live_server.url)
-        context.set_default_timeout(30_000)  # a busy machine: only "never" fails
+        context.set_default_timeout(STEP_TIMEOUT_MS)
         if user is not None:
             client = Client()
             # (an earlier page of the test may still be fetching: the session's write waits for its read)

@@ -31,6 +31,7 @@ from apps.quotas.services import quota_request_create
 from apps.serving import services as serving_services
 from apps.telemetry import history
 from apps.telemetry.models import Alert, AlertRule, GpuSampleBucket
+from tests.browser import STEP_TIMEOUT_MS
 from tests.browser.conftest import ARTIFACTS
 from tests.dashboard.conftest import hold, make_job
 from workers.protocol import TrainingProgress
@@ -222,7 +223,7 @@ def console(world) -> World:
 
 def _context(browser, live_server, user, viewport: dict, scheme: str):
     context = browser.new_context(viewport=viewport, color_scheme=scheme, base_url=live_server.url)
-    context.set_default_timeout(30_000)  # a busy machine: only "never" fails
+    context.set_default_timeout(STEP_TIMEOUT_MS)
     error_page = loader.get_template("500.html").render()
     context.route(f"**{SERVER_ERROR}", lambda route: route.fulfill(status=500, body=error_page,
                                                                    content_type="text/html; charset=utf-8"))

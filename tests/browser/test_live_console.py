@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import STEP_TIMEOUT_MS
 from tests.browser.conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _missing
 from tests.integration.live import LiveCluster, create_team
 
@@ -64,7 +65,7 @@ def login(cluster, chromium):
 
     def make(username: str):
         context = chromium.new_context(viewport={"width": 1400, "height": 1000}, base_url=cluster.url)
-        context.set_default_timeout(30_000)
+        context.set_default_timeout(STEP_TIMEOUT_MS)
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(f"{username}: {exc}"))
