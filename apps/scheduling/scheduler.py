@@ -253,7 +253,7 @@ class ConsolePass:
         self.confidence: dict[int, float] = {}
         self.expected: dict[int, float] = {}
         # jobs placed in this pass, with their predicted run time
-        self.placed_jobs: list[tuple[PendingJob | RunningJob, float, int]] = []
+        self.placed_jobs: list[tuple[PendingJob, float, int]] = []
         # job id -> the order's estimate of its remaining GPU-time (ordering.estimate_service)
         self.service: dict[int, ServiceEstimate] = {}
         # job id -> its score (_score)
@@ -534,16 +534,8 @@ class ConsolePass:
         reason = MOVED.format(job=job.job_id, gpus=job.gpus)
         self.defrag_moves += len(plan.moves)
         for move in plan.moves:
-            state = move.state
-            state.stopped = True
-            self._release(state)
-            self.victim_index.remove(state)
-            self.preemptions.append(Preemption(state.job.job_id, reason, for_job=job.job_id))
+            self._stop(move.state, Preemption(move.state.job.job_id, reason, for_job=job.job_id))
         self._commit(job, (plan.gang, FULL), False, remaining_s)
-        for move in plan.moves:
-            state = move.state
-            self.team_held[state.job.team] -= state.held
-            self.user_held[(state.job.team, state.job.user)] -= state.held
         return True
 
     def _quota_allows(self, job: PendingJob, choice: Choice) -> bool:
@@ -648,12 +640,16 @@ class ConsolePass:
             quota = self.snapshot.quotas.get(state.job.team)
             if quota is None or not (quota.budget_spent and quota.stop_when_spent) or state.stopped:
                 continue
-            state.stopped = True
-            self._release(state)
-            self.team_held[state.job.team] -= state.held
-            self.user_held[(state.job.team, state.job.user)] -= state.held
-            self.victim_index.remove(state)
-            self.preemptions.append(Preemption(state.job.job_id, BUDGET_STOP.format(team=state.job.team)))
+            self._stop(state, Preemption(state.job.job_id, BUDGET_STOP.format(team=state.job.team)))
+
+    def _stop(self, state: RunState, preemption: Preemption) -> None:
+        """Stop a running job for good in this pass: its GPUs and quota back, out of the victims, `preemption` sent."""
+        state.stopped = True
+        self._release(state)
+        self.team_held[state.job.team] -= state.held
+        self.user_held[(state.job.team, state.job.user)] -= state.held
+        self.victim_index.remove(state)
+        self.preemptions.append(preemption)
 
     def run(self) -> Decisions:
         self._running_states()
