@@ -31,9 +31,14 @@ simulator runs each job for iterations x iteration_time x 1.015 (`--runtime-mode
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import re
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +60,12 @@ from apps.scheduling.trace import (  # noqa: E402
     with_load,
 )
 
+# The scheduling core before issue 19's speed-up of the pass (point 5): the commit that recorded the pass's
+# decisions for tests/scheduling/test_pass_equivalence.py. The issue timed that pass at 220 ms and asked for
+# under 100 ms; time_pass_beside_baseline times both in the same run.
+BASELINE_COMMIT = "e0ec65bf7e5d588e1fb286a16a68bee162ed396a"
+ISSUE_BASELINE_MS = 220.0
+ISSUE_TARGET_MS = 100.0
 RAW_FILE = "published_raw_fig9-10_from_draw_fig9-10.py.txt"
 RAW_TRACE_INDEX = {
     "trace1": 0,
@@ -310,6 +321,58 @@ def time_pass(passes: int) -> None:
         f"  (before the speed-up of issue 19 point 5: median ~450 ms on a quiet machine; the issue's figure "
         f"220 ms; target under 100 ms; same decisions: tests/scheduling/test_pass_equivalence.py)"
     )
+    time_pass_beside_baseline(passes)
+
+
+def time_pass_beside_baseline(passes: int) -> None:
+    """The same pass with the core of BASELINE_COMMIT and with this checkout's, turn about in fresh processes
+    (benchmarks/pass_clock.py): the ratio of the two holds from one machine to another where milliseconds do not."""
+    rounds = min(passes, 3)
+    per_round = -(-passes // rounds)
+    with tempfile.TemporaryDirectory(prefix="pass-baseline-") as baseline_root:
+        why_not = extract_baseline(Path(baseline_root))
+        if why_not is not None:
+            print(f"\n(the pass before the speed-up was not timed beside it: {why_not})")
+            return
+        before: list[float] = []
+        now: list[float] = []
+        for _ in range(rounds):
+            before += clock_passes(Path(baseline_root), per_round)
+            now += clock_passes(REPO, per_round)
+    ratio = statistics.median(now) / statistics.median(before)
+    target = ISSUE_TARGET_MS / ISSUE_BASELINE_MS
+    print(
+        f"\n## the same pass before the speed-up ({BASELINE_COMMIT[:7]}) and now, turn about in this run "
+        f"({rounds} rounds of {per_round} passes a side, CPU time)\n"
+        f"before: median {1000 * statistics.median(before):.1f} ms; now: median {1000 * statistics.median(now):.1f}"
+        f" ms, {ratio:.2f} of before (target: {ISSUE_TARGET_MS:g} ms where the issue measured "
+        f"{ISSUE_BASELINE_MS:g}, {target:.2f} of before) {'met' if ratio <= target else 'not met'}"
+    )
+
+
+def extract_baseline(into: Path) -> str | None:
+    """Write the scheduling core of BASELINE_COMMIT under `into`; None when done, else why not (no git, a shallow
+    clone without that commit)."""
+    paths = ["apps/__init__.py", "apps/scheduling"]
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", BASELINE_COMMIT, *paths], capture_output=True, check=True
+        )
+    except OSError as error:
+        return f"git: {error}"
+    except subprocess.CalledProcessError as error:
+        return f"git archive {BASELINE_COMMIT}: {error.stderr.decode(errors='replace').strip()}"
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return None
+
+
+def clock_passes(code_root: Path, passes: int) -> list[float]:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "pass_clock.py"), str(code_root), str(passes)],
+        capture_output=True, check=True, text=True,
+    )
+    return [float(seconds) for seconds in json.loads(done.stdout)]
 
 
 def main(argv: list[str] | None = None) -> int:
