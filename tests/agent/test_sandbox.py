@@ -110,6 +110,34 @@ def test_what_the_job_writes_in_its_view_lands_in_its_real_folders(layout):
     assert target.read_text() == "weights" and target.stat().st_uid == JOB_UID
 
 
+def test_a_command_the_view_hides_fails_saying_so(layout):
+    """A command the host has in a private folder (pyenv's shims under /root, say) and a script whose interpreter
+    the view hides: exit 127, and the log says which, not a bare "No such file or directory"."""
+    user = RunAs.job_user(JOB_UID, None)
+    tools = layout["top"] / "bin"  # under the 0700 folder, outside the job's view
+    tools.mkdir()
+    (tools / "pyenv-python").write_text("#!/bin/sh\necho host python\n")
+    (tools / "pyenv-python").chmod(0o755)
+    script = layout["home"] / "train.sh"  # in the job's own folder, naming an interpreter it cannot see
+    script.write_text(f"#!{tools / 'pyenv-python'}\nprint('hi')\n")
+    script.chmod(0o755)
+    os.chown(script, JOB_UID, JOB_UID)
+    view = plan_view(writable=[layout["home"]], readable=[Path(sys.prefix), Path(sys.base_prefix), CODE_ROOT],
+                     private=[layout["var"]], mask=[], can_search=user.can_search)
+    view_file = layout["top"].parent / "view.json"
+    view_file.write_text(view.to_json())
+    shim = [sys.executable, "-m", "workers.agent.shim", *user.shim_options(), "--view", str(view_file), "--"]
+    env = {**os.environ, "PATH": f"{tools}:/usr/bin:/bin"}
+    hidden = subprocess.run([*shim, "pyenv-python", "-c", "1"], cwd=layout["home"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert hidden.returncode == 127
+    assert f"pyenv-python: command not found on the job's PATH ({tools}:/usr/bin:/bin)" in hidden.stderr
+    orphan = subprocess.run([*shim, "./train.sh"], cwd=layout["home"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert orphan.returncode == 127
+    assert f"./train.sh is a script whose interpreter {tools / 'pyenv-python'} is not in the job's view" in orphan.stderr
+
+
 def test_a_view_that_cannot_be_built_stops_the_job_with_the_reason(layout, tmp_path):
     bad = tmp_path / "bad-view.json"
     bad.write_text(json.dumps({"hide": [str(tmp_path / "no-such-folder" / "x")]}))

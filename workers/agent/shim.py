@@ -27,6 +27,7 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,6 +78,39 @@ def signal_tree(sig: int) -> None:
             os.kill(pid, sig)
 
 
+def why_not_found(command: str) -> str | None:
+    """Why exec found no `command`, as the job sees its files (called inside its view, as its user): the bare
+    "No such file or directory" of a command the host has but the job's view hides (a pyenv shim under a private
+    home, say) or of a script whose interpreter is missing leaves a user guessing. None: no better reason."""
+    if "/" in command:
+        found: str | None = command if os.path.exists(command) else None
+        if found is None:
+            return f"{command}: no such file in the job's view"
+    else:
+        found = shutil.which(command)
+        if found is None:
+            return (f"{command}: command not found on the job's PATH ({os.environ.get('PATH', '')}); the host's "
+                    f"private folders (such as a home's pyenv shims) are not in a job's view")
+    interpreter = _interpreter(found)
+    if interpreter is not None and not os.path.exists(interpreter):
+        where = "" if found == command else f" ({found})"
+        return f"{command}{where} is a script whose interpreter {interpreter} is not in the job's view"
+    return None
+
+
+def _interpreter(path: str) -> str | None:
+    """The program a script's "#!" line names, or None."""
+    try:
+        with open(path, "rb") as script:
+            first = script.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].split()
+    return words[0].decode(errors="replace") if words else None
+
+
 class Shim:
     def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None,
                  user: tuple[int, int, list[int]] | None = None, cgroup_procs: list[str] | None = None,
@@ -123,8 +157,10 @@ class Shim:
                     _prctl(PR_SET_NO_NEW_PRIVS, 1)
                 os.execvp(self.argv[0], self.argv)
             except OSError as exc:
-                print(f"[agent] could not start the job: {exc}", file=sys.stderr, flush=True)
-                os._exit(127 if exc.errno == errno.ENOENT and not isinstance(exc, SandboxError) else 126)
+                missing = exc.errno == errno.ENOENT and not isinstance(exc, SandboxError)
+                why = why_not_found(self.argv[0]) if missing else None
+                print(f"[agent] could not start the job: {why or exc}", file=sys.stderr, flush=True)
+                os._exit(127 if missing else 126)
         self.main_pid = pid
 
     def reap(self) -> bool:
