@@ -19,6 +19,7 @@ from apps.jobs.lifecycle import (
     finish,
     job_host_lost,
     lock_job,
+    move_requested,
     preempt_and_requeue,
     release_requested,
     transition,
@@ -104,7 +105,8 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
             if others:
                 send_stop_after_commit(job.pk, job.attempts, others, "the job was released")
         elif status.state == "preempted":
-            preempt_and_requeue(job, f"preempted on {host.name}: {status.reason or 'checkpoint saved'}", at=now)
+            preempt_and_requeue(job, f"preempted on {host.name}: {status.reason or 'checkpoint saved'}", at=now,
+                                counts=not move_requested(job))
         elif status.state == "failed":
             hosts = job_hosts(job)
             reason = status.reason or f"exited with code {status.exit_code}"

@@ -109,10 +109,12 @@ def requeue(job: Job, reason: str, *, at: datetime | None = None) -> bool:
     return transition(job, State.QUEUED, reason, at=at, **REQUEUE_FIELDS)
 
 
-def preempt_and_requeue(job: Job, reason: str, *, at: datetime | None = None) -> bool:
-    """Record the preemption (`preempted`, with the GPUs released) and requeue the job, in one transaction."""
+def preempt_and_requeue(job: Job, reason: str, *, at: datetime | None = None, counts: bool = True) -> bool:
+    """Record the preemption (`preempted`, with the GPUs released) and requeue the job, in one transaction.
+    `counts`: False for a move (Preemption.moved), which is not among the job's preemptions."""
     with transaction.atomic():
-        if not transition(job, State.PREEMPTED, reason, at=at, preemption_count=job.preemption_count + 1):
+        count = job.preemption_count + 1 if counts else job.preemption_count
+        if not transition(job, State.PREEMPTED, reason, at=at, preemption_count=count):
             return False
         return requeue(job, "requeued after preemption; it resumes from its checkpoint", at=at)
 
@@ -236,11 +238,15 @@ def job_host_lost(job_id: int, host: Host, reason: str = "") -> str | None:
         return outcome
 
 
-def job_preempt(job_id: int, reason: str) -> bool:
+MOVE_MARK = "move_attempt"  # in the data of the note that asks a running attempt to checkpoint for a move
+
+
+def job_preempt(job_id: int, reason: str, *, move: bool = False) -> bool:
     """Stop a job to free its GPUs: it checkpoints, exits and goes back to the queue, keeping its place in line.
 
     A running job keeps its GPUs until its agent reports that it stopped (the checkpoint is written by then); a
-    placed job that has not started is requeued at once.
+    placed job that has not started is requeued at once. `move`: a move for defragmentation (Preemption.moved),
+    marked on the request (MOVE_MARK) so that the report of its stop does not count it among the job's preemptions.
     """
 
     with transaction.atomic():
@@ -252,10 +258,10 @@ def job_preempt(job_id: int, reason: str) -> bool:
             return False  # already asked; the agent is checkpointing
         hosts = job_hosts(job)
         if job.state == State.PLACED:
-            preempt_and_requeue(job, f"preempted before it started: {reason}", at=now)
+            preempt_and_requeue(job, f"preempted before it started: {reason}", at=now, counts=not move)
         else:
             Job.objects.filter(pk=job.pk).update(preempt_requested_at=now)
-            note(job, f"preemption requested: {reason}")
+            note(job, f"preemption requested: {reason}", data={MOVE_MARK: job.attempts} if move else None)
         send_preempt_after_commit(job.pk, job.attempts, hosts, reason)
         return True
 
@@ -297,6 +303,11 @@ def job_checkpoint_and_release(job_id: int, reason: str) -> bool:
 def release_requested(job: Job) -> bool:
     """Was the current attempt of this (locked) job asked to checkpoint for a release?"""
     return JobEvent.objects.filter(job=job, to_state="", **{f"data__{RELEASE_MARK}": job.attempts}).exists()
+
+
+def move_requested(job: Job) -> bool:
+    """Was the current attempt of this (locked) job asked to checkpoint for a move (job_preempt's `move`)?"""
+    return JobEvent.objects.filter(job=job, to_state="", **{f"data__{MOVE_MARK}": job.attempts}).exists()
 
 
 def job_release(job_id: int, reason: str) -> bool:

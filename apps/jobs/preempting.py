@@ -39,5 +39,5 @@ def send_preemptions(
             logger.info("preemption of job %s not sent: job %s can start without it now", preemption.job_id,
                         preemption.for_job)
             continue
-        sent += services.job_preempt(preemption.job_id, preemption.reason)
+        sent += services.job_preempt(preemption.job_id, preemption.reason, move=preemption.moved)
     return sent, dropped

@@ -534,7 +534,7 @@ class ConsolePass:
         reason = MOVED.format(job=job.job_id, gpus=job.gpus)
         self.defrag_moves += len(plan.moves)
         for move in plan.moves:
-            self._stop(move.state, Preemption(move.state.job.job_id, reason, for_job=job.job_id))
+            self._stop(move.state, Preemption(move.state.job.job_id, reason, for_job=job.job_id, moved=True))
         self._commit(job, (plan.gang, FULL), False, remaining_s)
         return True
 

@@ -306,7 +306,8 @@ class Simulator:
             ),
         )
 
-    def _stop(self, job_id: int) -> None:
+    def _stop(self, job_id: int, counts: bool = True) -> None:
+        """Stop a running job; it waits again. `counts`: a preemption of the job (not a move, Preemption.moved)."""
         state = self.jobs[job_id]
         if state.segmented:
             self._leave_group(job_id)  # settles it: remaining time and GPU-seconds up to now
@@ -324,7 +325,8 @@ class Simulator:
                 self._leave_shared(job_id, running.gpu_ids)
             else:
                 state.remaining_s = max(0.0, state.remaining_s - max(0.0, ran - state.run_overhead_s))
-        state.preemptions += 1
+        if counts:
+            state.preemptions += 1
         state.end_token += 1
         self.pending[job_id] = self._pending_view(state)
 
@@ -468,7 +470,7 @@ class Simulator:
         stopped = set()
         for preemption in decisions.preemptions:
             if preemption.job_id in self.running:
-                self._stop(preemption.job_id)
+                self._stop(preemption.job_id, counts=not preemption.moved)
                 stopped.add(preemption.job_id)
         used = units_in_use(self.running.values())
         for placement in decisions.placements:

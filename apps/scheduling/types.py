@@ -162,6 +162,9 @@ class Preemption:
     # The waiting job it makes room for (None: stopped for another reason, such as a spent budget). Just before
     # sending it, the console asks preemption.still_needed whether that job could start without it by then.
     for_job: int | None = None
+    # A move (defrag.py): the job is stopped only to start again at once on other GPUs, through no doing of its
+    # own; it does not count among its preemptions (which raise its protection and end its borrowing).
+    moved: bool = False
 
 
 # Not frozen (a pass makes one for every waiting job, and a frozen dataclass costs five times as much to make on

@@ -164,6 +164,8 @@ def test_a_gang_the_free_gpus_fit_only_in_number_moves_the_jobs_in_its_way(world
     for job in moved:
         agent_reports_preempted(job)
         assert fresh(job).state == "queued"
+        # A move is no preemption of the job's: its protection and borrowing stay as they were.
+        assert fresh(job).preemption_count == 0
     scheduler_pass()
     assert fresh(gang).state == "placed"
     assert {a.gpu.host.name for a in fresh(gang).allocations.all()} == hosts

@@ -61,7 +61,7 @@ def test_a_gang_that_free_gpus_hold_only_in_number_moves_the_jobs_in_its_way():
     assert len({host_of(g) for g in placed.gpu_ids}) == 2 and len(placed.gpu_ids) == 8
     moved = {p.job_id for p in decisions.preemptions}
     assert len(moved) == 2 and [p.job_id for p in decisions.placements] == [1]
-    assert all(p.for_job == 1 and p.reason == MOVED.format(job=1, gpus=8) for p in decisions.preemptions)
+    assert all(p.for_job == 1 and p.reason == MOVED.format(job=1, gpus=8) and p.moved for p in decisions.preemptions)
     # the moved ones were on the gang's hosts; the others stay where they are
     assert {host_of(j.gpu_ids[0]) for j in snap.running if j.job_id in moved} == {host_of(g) for g in placed.gpu_ids}
     assert not decisions.pending and decisions.wake_at == snap.now  # (a pass again at once: they wait again)
@@ -172,8 +172,10 @@ def test_the_simulator_starts_a_moved_job_again_elsewhere():
     result = sim.run("console")
     states = {s.trace.job_id: s for s in result.jobs}
     assert states[4].first_start == 700.0
-    moved = [s for s in result.jobs if s.preemptions]
-    assert len(moved) == 2 and all(s.run_start == 700.0 for s in moved)
+    moved = [s for s in result.jobs if s.trace.job_id != 4 and s.run_start == 700.0]
+    assert len(moved) == 2 and result.preemptions == 2
+    # A move is no preemption of the job's (Preemption.moved): its count, which raises its protection, stays.
+    assert all(s.preemptions == 0 for s in result.jobs)
     assert all(s.finish is not None for s in result.jobs)
 
 
