@@ -5,7 +5,7 @@ EstimateFigures): the median of |estimate - real start| / wait over the jobs tha
 that started within 25 % of their wait from the estimate.
 
     python benchmarks/scheduler.py [--traces-dir ../shared/traces] [--traces trace3,trace4,trace1]
-        [--declarations exact,noisy,partial,none] [--policies all|NAME,...] [--seed 0] [--load 0.5,1,1.5]
+        [--declarations exact,noisy,partial,none,biased] [--policies all|NAME,...] [--seed 0] [--load 0.5,1,1.5]
         [--runtime-model muri|duration] [--preempt-cost-s 30] [--pass-interval-s 300] [--passes 9] [--skip-traces]
 
 A trace name is looked up as muri/NAME.csv under --traces-dir, then under benchmarks/traces (further public Muri
@@ -18,8 +18,9 @@ densely (twice the offered load), 0.5 spreads them; the published figures are pr
 Every policy's simulator passes at arrivals, ends, its own wake-ups and at least every --pass-interval-s while jobs
 wait and others run (apps/scheduling/simulate.py BEAT_S, 300 s; 0 turns the beat off), as the console's beat does.
 
-Each trace runs under every declaration mode (apps/scheduling/trace.py with_declarations: what jobs declare of
-their steps; the truth is unchanged): the policies that read declarations (fifo-backfill, console,
+Each trace runs under each declaration mode asked for (apps/scheduling/trace.py with_declarations: what jobs
+declare of their steps; the truth is unchanged; `biased`, not in the default list, spreads the jobs over four users
+who declare 0.5, 1, 2 and 4 times their steps, each off by a further lognormal factor of spread 0.5): the policies that read declarations (fifo-backfill, console,
 console-share) once per mode, the others (oracles, Tiresias, fifo, fair-share) once per trace, repeated in each
 mode's table.
 

@@ -21,6 +21,7 @@ from apps.scheduling.prediction import (
     TIME_LIMIT_CONFIDENCE,
     RuntimeHistory,
     ServiceQueue,
+    believed_steps,
     elapsed_run_s,
     steps_done,
 )
@@ -170,7 +171,7 @@ def service_estimate(
     next_floor = queues[index + 1].floor * held if index + 1 < len(queues) else None
     weight = 1.0 / max(queue.sigma, MIN_QUEUE_SIGMA) ** 2
     total = (queue.log_remaining + math.log(held)) * weight
-    declared = job.declared_steps
+    declared = believed_steps(job, history)
     step = job.observed_step_s
     if step is None and job.similarity_key is not None and declared is not None:
         step = history.step_s(job.user, job.similarity_key, job.gpus)
@@ -207,7 +208,7 @@ class NeverRun:
         max() of two as the expressions they are: min(a, b) is `b if b < a else a`, max(a, b) `b if b > a else a`,
         at a seventh of the cost)."""
         history = self.history
-        declared = job.declared_steps
+        declared = believed_steps(job, history)
         step = job.observed_step_s
         time_limit = job.time_limit_s
         program = job.similarity_key

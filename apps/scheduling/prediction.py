@@ -169,7 +169,8 @@ class RuntimeHistory:
         self._queues: dict[tuple[float, ...], tuple[ServiceQueue, ...]] = {}
         # user -> log(real steps / declared steps) of their finished runs
         self._declared: dict[str, deque[float]] = {}
-        self._declaration_sigma: dict[str, float] = {}
+        # user -> (declared_scale, declaration_sigma)
+        self._declaration_sigma: dict[str, tuple[float, float]] = {}
         self._residuals: dict[tuple[object, ...], tuple[float, float] | None] = {}
         # similarity key -> log(real / foretold run time) of its finished runs, foretold by similar_remaining
         self._similar_errors: dict[str, deque[float]] = {}
@@ -260,15 +261,27 @@ class RuntimeHistory:
         return sigma
 
     def declaration_sigma(self, user: str) -> float:
-        """How far off `user`'s declared steps have been: the root mean square of log(real / declared) over their
-        recent finished runs, shrunk toward PRIOR_DECLARATION_SIGMA while they are few."""
-        sigma = self._declaration_sigma.get(user)
-        if sigma is None:
+        """How far off `user`'s declared steps have been once scaled by declared_scale: the root mean square of
+        log(real / declared) less their bias over their recent finished runs, shrunk toward
+        PRIOR_DECLARATION_SIGMA while they are few."""
+        return self._declaration_fit(user)[1]
+
+    def declared_scale(self, user: str) -> float:
+        """What `user`'s declared steps are to be multiplied by: e to the mean of log(real / declared) over their
+        recent finished runs, shrunk toward 1 (no bias) while they are few. Users who always ask for three times
+        what they run (HPC users do, of their time limits) are believed a third; iid noise averages out."""
+        return self._declaration_fit(user)[0]
+
+    def _declaration_fit(self, user: str) -> tuple[float, float]:
+        fit = self._declaration_sigma.get(user)
+        if fit is None:
             errors = self._declared.get(user, ())
             weight = PRIOR_DECLARATION_WEIGHT
-            squares = sum(e * e for e in errors) + weight * PRIOR_DECLARATION_SIGMA**2
-            sigma = self._declaration_sigma[user] = max(MIN_SIGMA, math.sqrt(squares / (len(errors) + weight)))
-        return sigma
+            bias = sum(errors) / (len(errors) + weight)
+            squares = sum((e - bias) ** 2 for e in errors) + weight * PRIOR_DECLARATION_SIGMA**2
+            sigma = max(MIN_SIGMA, math.sqrt(squares / (len(errors) + weight)))
+            fit = self._declaration_sigma[user] = (math.exp(bias), sigma)
+        return fit
 
     def similar_remaining(
         self, user: str, similarity_key: str, gpus: int, elapsed_s: float
@@ -403,6 +416,15 @@ class Prediction:
 _Predicted = tuple[float, bool, float | None, float]
 
 
+def believed_steps(job: PendingJob | RunningJob, history: RuntimeHistory | None) -> float | None:
+    """The steps the job declared as its user's record says to believe them (RuntimeHistory.declared_scale), or
+    None where it declared none: the one reading of a declaration that predictions and the order make."""
+    declared = job.declared_steps
+    if declared is None:
+        return None
+    return declared * history.declared_scale(job.user) if history is not None else float(declared)
+
+
 def _predicted(job: PendingJob | RunningJob, history: RuntimeHistory | None, default_s: float) -> _Predicted:
     step, confidence = job.observed_step_s, None
     if step is not None:
@@ -411,8 +433,9 @@ def _predicted(job: PendingJob | RunningJob, history: RuntimeHistory | None, def
         confidence = OWN_STEP_CONFIDENCE if confidence is None else max(confidence, OWN_STEP_CONFIDENCE)
     elif history is not None and job.similarity_key is not None:
         step, confidence = history.step_estimate(job.user, job.similarity_key, job.gpus)
-    if job.declared_steps is not None and step:
-        return job.declared_steps * step, True, step, confidence if confidence is not None else 0.5
+    declared = believed_steps(job, history)
+    if declared is not None and step:
+        return declared * step, True, step, confidence if confidence is not None else 0.5
     if history is not None and job.similarity_key is not None:
         runtime, confidence = history.runtime_estimate(job.user, job.similarity_key, job.gpus, job.work_size)
         if runtime is not None:
@@ -441,16 +464,18 @@ def predict_remaining(
     running = isinstance(job, RunningJob)
     # (a waiting job that never ran, most of a long queue: it has run 0 s)
     elapsed = elapsed_run_s(job, now) if running or job.attained_gpu_seconds else 0.0
-    return _remaining(job, _predicted(job, history, default_s), now, elapsed, running)
+    declared = believed_steps(job, history)
+    return _remaining(job, _predicted(job, history, default_s), now, elapsed, running, declared)
 
 
 def _remaining(
-    job: PendingJob | RunningJob, predicted: _Predicted, now: float, elapsed: float, running: bool
+    job: PendingJob | RunningJob, predicted: _Predicted, now: float, elapsed: float, running: bool,
+    declared: float | None,
 ) -> tuple[float, float]:
     total_s, by_steps, step_s, confidence = predicted
-    if by_steps and step_s and job.declared_steps is not None:
+    if by_steps and step_s and declared is not None:
         done = steps_done(job, now, step_s) if running else float(job.steps_done)
-        remaining = (job.declared_steps - done) * step_s
+        remaining = (declared - done) * step_s
     else:
         remaining = total_s - elapsed
         if job.time_limit_s is not None:

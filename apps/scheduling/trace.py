@@ -17,8 +17,12 @@ RUNTIME_MODELS = ("duration", "muri")
 # (a `declared_iterations` column, empty meaning nothing declared; without the column every job declares its true
 # iterations), "exact", "noisy" (true iterations times a seeded lognormal factor, sigma NOISY_SIGMA), "partial"
 # (a seeded PARTIAL_UNDECLARED share of jobs declares nothing, the others exactly), "none".
-DECLARATION_MODES = ("trace", "exact", "noisy", "partial", "none")
+DECLARATION_MODES = ("trace", "exact", "noisy", "partial", "none", "biased")
 NOISY_SIGMA = 1.0
+# "biased": the jobs spread over users (job id modulo their number), each declaring steps off by a factor of their
+# own (those of HPC users' time limits run 2-5x) times a lognormal factor of spread BIASED_SIGMA.
+USER_BIASES = (0.5, 1.0, 2.0, 4.0)
+BIASED_SIGMA = 0.5
 DECLARES_TRUTH = -1
 PARTIAL_UNDECLARED = 0.3
 
@@ -122,6 +126,11 @@ def with_declarations(jobs: list[TraceJob], mode: str, seed: int = 0) -> list[Tr
             value = None
         elif mode == "noisy":
             value = max(1, round(value * factor))
+        elif mode == "biased":
+            user = job.job_id % len(USER_BIASES)
+            value = max(1, round(value * USER_BIASES[user] * factor ** (BIASED_SIGMA / NOISY_SIGMA)))
+            declared.append(replace(job, user=f"user{user}", declared_iterations=value))
+            continue
         declared.append(replace(job, declared_iterations=value))
     return declared
 

@@ -5,6 +5,7 @@ priorities, no GPU given twice)."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -24,10 +25,13 @@ from apps.scheduling.prediction import (
     COLD_THRESHOLDS_S,
     MAX_SIMILAR_SIGMA,
     MIN_SERVICE_HISTORY,
+    PRIOR_DECLARATION_SIGMA,
+    PRIOR_DECLARATION_WEIGHT,
     FinishedRun,
     RuntimeHistory,
     gittins_remaining,
     learn_queues,
+    predict,
     predict_remaining,
 )
 from apps.scheduling.preemption import protected_run_s, with_learned_protection
@@ -140,16 +144,35 @@ def test_similar_runs_order_a_job_as_far_as_they_have_foretold_its_program():
 
 
 def test_similar_runs_weigh_beside_a_declaration_as_far_as_each_has_been_right():
-    # A program whose runs repeat (50,000 s each), submitted by a user whose declarations have been ten times short
-    # (on another program): it declares 5,000 s of steps, and the order believes its runs, not the declaration.
+    # A program whose runs repeat (50,000 s each), submitted by a user whose declarations have been off by a factor
+    # of ten either way at random (on another program): it declares 5,000 s of steps, and the order believes its
+    # runs, not the declaration.
     history = _program_history([50_000.0] * 12, "m")
-    for _ in range(30):
-        history.record("u", "other", FinishedRun(1, 1000.0, 1.0, declared_steps=100, steps=1000))
+    for n in range(30):
+        history.record("u", "other", FinishedRun(1, 1000.0, 1.0, declared_steps=100 if n % 2 else 10_000, steps=1000))
     assert history.declaration_sigma("u") > 2.0 and history.similar_sigma("m") < 0.5
+    assert history.declared_scale("u") == pytest.approx(1.0)
     job = pending(1, similarity_key="m", declared_steps=5_000, observed_step_s=1.0)
     assert estimate_service(job, 0.0, history).remaining_gpu_s == pytest.approx(50_000, rel=0.2)
     # (the pass's shortcut for a job that never ran gives the same figure)
     assert NeverRun(history).figures(job, 3600.0)[2] == pytest.approx(estimate_service(job, 0.0, history).remaining_gpu_s)
+
+
+def test_a_users_steady_overstatement_is_taken_off_their_declarations():
+    # A user who always declares three times the steps they run (as HPC users ask for their time limits): their
+    # declarations are believed a third, as surely as they have been steady; iid errors average out.
+    history = RuntimeHistory()
+    for _ in range(20):
+        history.record("u", "other", FinishedRun(1, 1000.0, 1.0, declared_steps=3000, steps=1000))
+    shrunk = math.exp(-math.log(3.0) * 20 / (20 + PRIOR_DECLARATION_WEIGHT))  # (toward no bias while few)
+    assert history.declared_scale("u") == pytest.approx(shrunk)
+    assert history.declaration_sigma("u") < 0.5 * PRIOR_DECLARATION_SIGMA
+    job = pending(1, declared_steps=9_000, observed_step_s=1.0)
+    assert predict(job, history, 3600.0).total_s == pytest.approx(9_000 * shrunk)
+    assert estimate_service(job, 0.0, history).remaining_gpu_s == pytest.approx(9_000 * shrunk, rel=0.05)
+    assert NeverRun(history).figures(job, 3600.0)[0] == pytest.approx(9_000 * shrunk)
+    # a user with no record is believed as declared
+    assert predict(replace(job, user="new"), history, 3600.0).total_s == 9_000
 
 
 def test_one_run_of_the_same_gpu_count_is_a_similar_run_and_other_counts_need_three():
@@ -378,3 +401,13 @@ def test_the_pass_figures_of_never_run_jobs_are_their_prediction_and_order(histo
         figures = never_run.figures(job, default_s)
         assert figures == expected
         assert [type(x) for x in figures] == [type(x) for x in expected]
+
+
+def test_biased_declarations_come_from_four_users_each_off_by_a_factor_of_their_own():
+    jobs = [TraceJob(job_id=n, gpus=1, submit_s=0.0, duration_s=100.0, model="m", iterations=10_000) for n in range(400)]
+    declared = with_declarations(jobs, "biased", seed=3)
+    for user, bias in enumerate((0.5, 1.0, 2.0, 4.0)):
+        ratios = [j.declared_steps / j.iterations for j in declared if j.user == f"user{user}"]
+        assert len(ratios) == 100
+        # (the median of a lognormal factor of spread 0.5 over 100 draws stays within 20 % of 1)
+        assert statistics.median(ratios) == pytest.approx(bias, rel=0.2)
