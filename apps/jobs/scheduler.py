@@ -7,30 +7,25 @@ import time
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db.models import Prefetch, Q
-from django.utils import timezone
 
 from apps.cluster.models import GPU, Host
 from apps.jobs import services
 from apps.jobs.models import Job, JobAllocation, UsageSegment
 from apps.jobs.preempting import send_preemptions
 from apps.jobs.scheduling_rows import HOLDING_FIELDS, JOB_FIELDS, epoch, host_view, job_common
-from apps.jobs.selectors import throttled_array_tasks
+from apps.jobs.selectors import runtime_history, throttled_array_tasks
 from apps.jobs.usage import gpu_seconds_by_team, month_start
 from apps.quotas.models import TeamQuota, UserQuota
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.policy import schedule
-from apps.scheduling.prediction import FinishedRun, RuntimeHistory
-from apps.scheduling.similarity import similarity_key, work_size
 from apps.scheduling.types import PendingJob, RunningJob, Snapshot, TeamQuotaView
 from apps.scheduling.usage import budget_spent, decayed_gpu_seconds, segment_gpu_seconds
 
 logger = logging.getLogger(__name__)
-HISTORY_DAYS = 30
-HISTORY_RUNS = 2000
 
 
 def policy_config() -> PolicyConfig:
@@ -51,24 +46,6 @@ def _recent_usage(now: float, half_life: float) -> tuple[dict[str, float], dict[
         teams[team] += usage
         users[team][user] += usage
     return teams, users
-
-
-def _history() -> RuntimeHistory:
-    history = RuntimeHistory()
-    since = timezone.now() - timedelta(days=HISTORY_DAYS)
-    finished = (
-        Job.objects.filter(state=Job.State.SUCCEEDED, finished_at__gt=since, started_at__isnull=False)
-        .order_by("-finished_at")
-        .values_list("user__username", "workload", "gpus", "started_at", "finished_at", "steps_per_second",
-                     "max_steps", "steps_done")[:HISTORY_RUNS]
-    )
-    for user, workload, gpus, started, ended, steps_per_second, max_steps, steps_done in reversed(finished):
-        # declared vs done steps: the user's declaration accuracy, which weighs their next declarations
-        run = FinishedRun(gpus=gpus, runtime_s=(ended - started).total_seconds(),
-                          step_s=1.0 / steps_per_second if steps_per_second else None, work=work_size(workload),
-                          declared_steps=max_steps, steps=steps_done or None)
-        history.record(user, similarity_key(workload), run)
-    return history
 
 
 def _attained_before_current_run(now: float) -> dict[int, float]:
@@ -141,7 +118,7 @@ def build_snapshot(now: float | None = None, config: PolicyConfig | None = None,
         )
         for quota in team_quotas
     }
-    return Snapshot(now=now, hosts=hosts, pending=pending, running=running, quotas=quotas, history=_history())
+    return Snapshot(now=now, hosts=hosts, pending=pending, running=running, quotas=quotas, history=runtime_history())
 
 
 @dataclass(frozen=True)

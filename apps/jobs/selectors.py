@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from apps.accounts import access
 from apps.accounts.access import AnyUser
 from apps.jobs.models import Job, JobAllocation, JobEvent
+from apps.scheduling.prediction import FinishedRun, RuntimeHistory
+from apps.scheduling.similarity import similarity_key, work_size
+
+# The finished runs the scheduler learns from: the last HISTORY_RUNS of the last HISTORY_DAYS.
+HISTORY_DAYS = 30
+HISTORY_RUNS = 2000
 
 
 def jobs_visible_to(user: AnyUser) -> QuerySet[Job]:
@@ -105,3 +114,39 @@ def _chunk_start(job: Job, after: int) -> int:
         .first()
     )
     return first or 0
+
+
+def runtime_history(username: str | None = None) -> RuntimeHistory:
+    """The finished runs the scheduler predicts from (succeeded jobs of the last HISTORY_DAYS, at most
+    HISTORY_RUNS), oldest first; only `username`'s when given."""
+    since = timezone.now() - timedelta(days=HISTORY_DAYS)
+    rows = Job.objects.filter(state=Job.State.SUCCEEDED, finished_at__gt=since, started_at__isnull=False)
+    if username is not None:
+        rows = rows.filter(user__username=username)
+    finished = rows.order_by("-finished_at").values_list(
+        "user__username", "workload", "gpus", "started_at", "finished_at", "steps_per_second", "max_steps",
+        "steps_done")[:HISTORY_RUNS]
+    history = RuntimeHistory()
+    for user, workload, gpus, started, ended, steps_per_second, max_steps, steps_done in reversed(finished):
+        if started is None or ended is None:  # (the filter says neither is; the row's type does not)
+            continue
+        # declared vs done steps: the user's declaration record, which weighs and scales their next declarations
+        run = FinishedRun(gpus=gpus, runtime_s=(ended - started).total_seconds(),
+                          step_s=1.0 / steps_per_second if steps_per_second else None, work=work_size(workload),
+                          declared_steps=max_steps, steps=steps_done or None)
+        history.record(user, similarity_key(workload), run)
+    return history
+
+
+def believed_max_steps(job: Job) -> tuple[float, int] | None:
+    """(the steps the scheduler counts on for `job`, of the max_steps it declared, and how many of its user's
+    finished runs say so: prediction.believed_steps on their record), or None when the job declares none or
+    its user's record takes nothing off (or adds nothing to) what it declares."""
+    if not job.max_steps:
+        return None
+    history = runtime_history(job.user.username)
+    runs = history.declaration_runs(job.user.username)
+    scale = history.declared_scale(job.user.username)
+    if runs == 0 or abs(scale - 1.0) < 0.05:
+        return None
+    return job.max_steps * scale, runs

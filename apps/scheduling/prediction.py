@@ -266,6 +266,10 @@ class RuntimeHistory:
         PRIOR_DECLARATION_SIGMA while they are few."""
         return self._declaration_fit(user)[1]
 
+    def declaration_runs(self, user: str) -> int:
+        """How many of `user`'s recent finished runs declared their steps (what declared_scale learns from)."""
+        return len(self._declared.get(user, ()))
+
     def declared_scale(self, user: str) -> float:
         """What `user`'s declared steps are to be multiplied by: e to the mean of log(real / declared) over their
         recent finished runs, shrunk toward 1 (no bias) while they are few. Users who always ask for three times

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -195,3 +196,20 @@ def test_cancel_needs_csrf(world):
     client.force_login(world.member)
     assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 403
     assert Job.objects.get(pk=job.pk).state == Job.State.QUEUED
+
+
+def test_job_page_says_how_many_steps_the_scheduler_counts_on_from_its_users_record(world, web):
+    # The member's six finished runs each declared 3,000 steps and ran 1,000: a queued job declaring 9,000 is
+    # counted on for about a third (RuntimeHistory.declared_scale, shrunk toward no bias while the runs are few).
+    now = timezone.now()
+    for n in range(6):
+        make_job(world.vision, world.member, state=Job.State.SUCCEEDED, name=f"done-{n}", max_steps=3000,
+                 steps_done=1000, started_at=now - timedelta(hours=2), finished_at=now - timedelta(hours=1))
+    job = make_job(world.vision, world.member, max_steps=9000)
+    html = web(world.member).get(f"/jobs/{job.pk}/").content.decode()
+    counted = round(9000 * math.exp(-math.log(3.0) * 6 / 8))
+    assert (f"(the scheduler counts on about {counted}: member's last 6 finished runs with max steps ran fewer "
+            "steps than they declared)") in html.replace(world.member.username, "member")
+    # a user whose runs ran what they declared (or who has none) sees the declaration alone
+    other = make_job(world.vision, world.manager, max_steps=9000)
+    assert 'id="job-believed-steps"' not in web(world.manager).get(f"/jobs/{other.pk}/").content.decode()

@@ -7,9 +7,10 @@ import pytest
 from apps.cluster.models import Host
 from apps.jobs import services
 from apps.jobs.models import Job, JobEvent
-from apps.jobs.scheduler import build_snapshot, scheduler_pass, similarity_key
+from apps.jobs.scheduler import build_snapshot, scheduler_pass
 from apps.jobs.services import JobSpec, job_submit
 from apps.jobs.usage import gpus_held
+from apps.scheduling.similarity import similarity_key
 from workers.protocol import JobStatus
 
 
