@@ -14,6 +14,8 @@ from apps.scheduling.similarity import similarity_key, work_size
 # The finished runs the scheduler learns from: the last HISTORY_RUNS of the last HISTORY_DAYS.
 HISTORY_DAYS = 30
 HISTORY_RUNS = 2000
+# A user's record that scales their declarations by less than this (5 %) is not worth telling them of.
+BELIEVED_AS_DECLARED = 0.05
 
 
 def jobs_visible_to(user: AnyUser) -> QuerySet[Job]:
@@ -147,6 +149,6 @@ def believed_max_steps(job: Job) -> tuple[float, int] | None:
     history = runtime_history(job.user.username)
     runs = history.declaration_runs(job.user.username)
     scale = history.declared_scale(job.user.username)
-    if runs == 0 or abs(scale - 1.0) < 0.05:
+    if runs == 0 or abs(scale - 1.0) < BELIEVED_AS_DECLARED:
         return None
     return job.max_steps * scale, runs

@@ -170,7 +170,7 @@ class RuntimeHistory:
         # user -> log(real steps / declared steps) of their finished runs
         self._declared: dict[str, deque[float]] = {}
         # user -> (declared_scale, declaration_sigma)
-        self._declaration_sigma: dict[str, tuple[float, float]] = {}
+        self._declaration_fits: dict[str, tuple[float, float]] = {}
         self._residuals: dict[tuple[object, ...], tuple[float, float] | None] = {}
         # similarity key -> log(real / foretold run time) of its finished runs, foretold by similar_remaining
         self._similar_errors: dict[str, deque[float]] = {}
@@ -197,7 +197,7 @@ class RuntimeHistory:
             self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
                 math.log(run.steps / run.declared_steps)
             )
-            self._declaration_sigma.pop(user, None)
+            self._declaration_fits.pop(user, None)
 
     def programs(self) -> KeysView[str]:
         """The similarity keys of the finished runs recorded (a live view): a lookup by any other key (step_estimate,
@@ -277,14 +277,14 @@ class RuntimeHistory:
         return self._declaration_fit(user)[0]
 
     def _declaration_fit(self, user: str) -> tuple[float, float]:
-        fit = self._declaration_sigma.get(user)
+        fit = self._declaration_fits.get(user)
         if fit is None:
             errors = self._declared.get(user, ())
             weight = PRIOR_DECLARATION_WEIGHT
             bias = sum(errors) / (len(errors) + weight)
             squares = sum((e - bias) ** 2 for e in errors) + weight * PRIOR_DECLARATION_SIGMA**2
             sigma = max(MIN_SIGMA, math.sqrt(squares / (len(errors) + weight)))
-            fit = self._declaration_sigma[user] = (math.exp(bias), sigma)
+            fit = self._declaration_fits[user] = (math.exp(bias), sigma)
         return fit
 
     def similar_remaining(

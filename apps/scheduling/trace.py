@@ -122,16 +122,16 @@ def with_declarations(jobs: list[TraceJob], mode: str, seed: int = 0) -> list[Tr
         factor = math.exp(rng.gauss(0.0, NOISY_SIGMA))
         undeclared = rng.random() < PARTIAL_UNDECLARED
         value: int | None = job.iterations
+        user = job.user
         if mode == "none" or (mode == "partial" and undeclared) or value is None:
             value = None
         elif mode == "noisy":
             value = max(1, round(value * factor))
         elif mode == "biased":
-            user = job.job_id % len(USER_BIASES)
-            value = max(1, round(value * USER_BIASES[user] * factor ** (BIASED_SIGMA / NOISY_SIGMA)))
-            declared.append(replace(job, user=f"user{user}", declared_iterations=value))
-            continue
-        declared.append(replace(job, declared_iterations=value))
+            number = job.job_id % len(USER_BIASES)
+            user = f"user{number}"
+            value = max(1, round(value * USER_BIASES[number] * factor ** (BIASED_SIGMA / NOISY_SIGMA)))
+        declared.append(replace(job, user=user, declared_iterations=value))
     return declared
 
 
