@@ -368,6 +368,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "PriorityEnum": "apps.quotas.models.Priority",
         "JobKindEnum": "apps.jobs.models.Job.Kind",
+        "JobStateEnum": "apps.jobs.models.Job.State",
         "AlertRuleKindEnum": "apps.telemetry.models.AlertRule.Kind",
     },
 }

@@ -22,6 +22,7 @@ from apps.jobs.metrics import job_metrics, job_progress
 from apps.jobs.models import Job, JobAllocation
 from apps.jobs.serializers import (
     CancelSerializer,
+    JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
     JobSubmitSerializer,
@@ -158,6 +159,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     serializer_class = JobSerializer
     filterset_class = JobFilter
+
+    def get_serializer_class(self) -> type[JobSerializer]:
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
 
     def get_queryset(self):
         allocations = JobAllocation.objects.select_related("gpu__host").order_by("gpu__host__name", "gpu__index")

@@ -12,7 +12,7 @@ from apps.core.serializers import RejectUnknownFieldsMixin
 from apps.jobs.colocating import sharing_data
 from apps.jobs.container_spec import MAX_SHM_GB
 from apps.jobs.models import MAX_JOB_CPUS, MAX_JOB_MEMORY_GB, MAX_STEPS, Job, JobEvent
-from apps.jobs.selectors import attempt_allocations
+from apps.jobs.selectors import attempt_allocations, believed_max_steps
 from apps.jobs.submission import MAX_ARRAY_SIZE
 from apps.quotas.models import Priority
 
@@ -186,6 +186,24 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_allocations(self, job: Job) -> list[dict[str, Any]]:
         return AllocationSerializer(attempt_allocations(job), many=True).data
+
+
+class JobDetailSerializer(JobSerializer):
+    """One job, as GET /api/v1/jobs/{id}/ gives it: the list's fields and what costs a query of its own."""
+
+    believed_steps = serializers.SerializerMethodField(
+        help_text="the steps the scheduler counts on where its user's finished runs ran fewer or more steps than "
+                  "they declared: {steps, runs} (null: it believes max_steps as declared, or the job has ended)")
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "believed_steps"]
+        read_only_fields = fields
+
+    _prototype_fields: ClassVar[dict[str, serializers.Field] | None] = None
+
+    def get_believed_steps(self, job: Job) -> dict[str, int] | None:
+        believed = None if job.is_final else believed_max_steps(job)
+        return None if believed is None else {"steps": round(believed[0]), "runs": believed[1]}
 
 
 def code_data(job: Job) -> dict[str, Any] | None:

@@ -198,18 +198,50 @@ def test_cancel_needs_csrf(world):
     assert Job.objects.get(pk=job.pk).state == Job.State.QUEUED
 
 
-def test_job_page_says_how_many_steps_the_scheduler_counts_on_from_its_users_record(world, web):
-    # The member's six finished runs each declared 3,000 steps and ran 1,000: a queued job declaring 9,000 is
-    # counted on for about a third (RuntimeHistory.declared_scale, shrunk toward no bias while the runs are few).
+def overstating_record(world) -> None:
+    """The member's six finished runs each declared 3,000 steps and ran 1,000."""
     now = timezone.now()
     for n in range(6):
         make_job(world.vision, world.member, state=Job.State.SUCCEEDED, name=f"done-{n}", max_steps=3000,
                  steps_done=1000, started_at=now - timedelta(hours=2), finished_at=now - timedelta(hours=1))
+
+
+# A queued job declaring 9,000 steps after that record is counted on for about a third
+# (RuntimeHistory.declared_scale, shrunk toward no bias while the runs are few: 6 runs against a prior of 2).
+COUNTED = round(9000 * math.exp(-math.log(3.0) * 6 / 8))
+
+
+def test_job_page_says_how_many_steps_the_scheduler_counts_on_from_its_users_record(world, web):
+    overstating_record(world)
     job = make_job(world.vision, world.member, max_steps=9000)
     html = web(world.member).get(f"/jobs/{job.pk}/").content.decode()
-    counted = round(9000 * math.exp(-math.log(3.0) * 6 / 8))
+    counted = COUNTED
     assert (f"(the scheduler counts on about {counted}: member's last 6 finished runs with max steps ran fewer "
             "steps than they declared)") in html.replace(world.member.username, "member")
     # a user whose runs ran what they declared (or who has none) sees the declaration alone
     other = make_job(world.vision, world.manager, max_steps=9000)
     assert 'id="job-believed-steps"' not in web(world.manager).get(f"/jobs/{other.pk}/").content.decode()
+
+
+def test_job_api_and_gpuctl_say_how_many_steps_the_scheduler_counts_on(world):
+    from rest_framework.test import APIClient
+
+    from workers.cli.output import job_detail
+
+    overstating_record(world)
+    job = make_job(world.vision, world.member, max_steps=9000)
+    client = APIClient()
+    client.force_authenticate(world.member)
+    data = client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert data["believed_steps"] == {"steps": COUNTED, "runs": 6}
+    assert (f"max steps:    9000 (the scheduler counts on about {COUNTED}: {world.member.username}'s last 6 finished "
+            "runs with max steps ran fewer steps than they declared)") in job_detail(data)
+    # the list leaves it out (a query per job); a user without such a record, and an ended job, get null
+    assert "believed_steps" not in client.get("/api/v1/jobs/").json()["results"][0]
+    other = make_job(world.vision, world.manager, max_steps=9000)
+    client.force_authenticate(world.manager)
+    assert client.get(f"/api/v1/jobs/{other.pk}/").json()["believed_steps"] is None
+    assert "max steps" not in job_detail(client.get(f"/api/v1/jobs/{other.pk}/").json())
+    client.force_authenticate(world.member)
+    Job.objects.filter(pk=job.pk).update(state=Job.State.CANCELLED)
+    assert client.get(f"/api/v1/jobs/{job.pk}/").json()["believed_steps"] is None

@@ -190,6 +190,13 @@ def job_detail(job: dict[str, Any]) -> str:
         add(key, ", ".join(sorted(str(n) for n in names)) if isinstance(names, dict | list) and names else None)
     add("gpus", allocations_text(job.get("allocations")))
     add("progress", progress_text(job))
+    believed = job.get("believed_steps")
+    if isinstance(believed, dict) and job.get("max_steps"):
+        than = "fewer" if believed.get("steps", 0) < job["max_steps"] else "more"
+        runs = believed.get("runs")
+        add("max steps", f"{job['max_steps']} (the scheduler counts on about {believed.get('steps')}: "
+                         f"{job.get('user')}'s last {runs} finished run{'s' if runs != 1 else ''} with max steps "
+                         f"ran {than} steps than they declared)")
     if job.get("exit_code") is not None or job.get("state") in ("succeeded", "failed"):
         add("exit code", job.get("exit_code") if job.get("exit_code") is not None else "-")
     add("failure", job.get("failure_reason"))
