@@ -173,7 +173,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         # (GET /{id}/metrics/?name=… names metrics, not jobs).
         return super().filter_queryset(queryset) if self.action == "list" else queryset
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 429: ErrorSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobDetailSerializer, 429: ErrorSerializer})
     def create(self, request: Request) -> Response:
         form = JobSubmitSerializer(data=request.data)
         form.is_valid(raise_exception=True)

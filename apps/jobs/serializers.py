@@ -202,8 +202,14 @@ class JobDetailSerializer(JobSerializer):
     _prototype_fields: ClassVar[dict[str, serializers.Field] | None] = None
 
     def get_believed_steps(self, job: Job) -> dict[str, int] | None:
-        believed = None if job.is_final else believed_max_steps(job)
-        return None if believed is None else {"steps": round(believed[0]), "runs": believed[1]}
+        return believed_steps_data(job)
+
+
+def believed_steps_data(job: Job) -> dict[str, int] | None:
+    """{steps the scheduler counts on, runs of its user's record that say so}, or None (jobs.selectors
+    .believed_max_steps; asks the database only for a job that declares max_steps)."""
+    believed = None if job.is_final else believed_max_steps(job)
+    return None if believed is None else {"steps": round(believed[0]), "runs": believed[1]}
 
 
 def code_data(job: Job) -> dict[str, Any] | None:
@@ -263,7 +269,7 @@ def submitted_job_data(job: Job) -> dict[str, Any]:
         "shareable": job.shareable, "wait_fraction": job.wait_fraction,
         "measured_slowdown": (job.colocation or {}).get("slowdown"), "sharing": sharing_data(job),
         "array_id": job.array_id, "array_index": job.array_index, "array_size": job.array_size,
-        "array_parallelism": job.array_parallelism,
+        "array_parallelism": job.array_parallelism, "believed_steps": believed_steps_data(job),
     }
 
 
