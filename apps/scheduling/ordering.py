@@ -137,7 +137,7 @@ def estimate_service(
     - declared steps left x step time (observed, else of similar runs), as sure as the user's past declarations
       were right (RuntimeHistory.declaration_sigma); once the job has run past what it declared, a fraction of
       what it has run (prediction.py's overrun rule: trace3 noisy 61 h against 64 h with attained service alone);
-    - similar finished runs (same user and program first) that outlasted the job's run so far, as sure as they
+    - similar finished runs (RuntimeHistory.similar_runs) that outlasted the job's run so far, as sure as they
       agree with each other and as they have foretold the program's finished runs (RuntimeHistory.similar_sigma);
       not at all once they have been off by more than MAX_SIMILAR_SIGMA. Beside a declaration too, each weighed
       by its own record: Pollux's workloads with noisy declarations (sigma 1), where a program's runs are alike,

@@ -2,7 +2,9 @@
 
 In order of trust: declared steps x step time (observed on this run, else from similar jobs); else the run time of
 similar jobs, scaled by the job's own amount of work (a built-in's epochs: similarity.work_size); else the job's
-time limit; else a configured default. "Similar" is the user's own runs of the same program first, else anyone's.
+time limit; else a configured default. "Similar" has one rule (RuntimeHistory.similar_runs), which the order's
+estimate of similar runs (similar_remaining) follows too: runs of the same program and GPU count, the user's own
+first, else anyone's; else at least MIN_SIMILAR_RUNS of any GPU count.
 A job that outlives its prediction is assumed to need a fraction of what it has run more; there is no floor.
 
 A prediction's confidence is how often the same method got similar jobs right: each past run of the group is
@@ -15,7 +17,7 @@ import math
 import statistics
 from bisect import bisect_right
 from collections import deque
-from collections.abc import KeysView
+from collections.abc import Callable, KeysView
 from dataclasses import dataclass
 from itertools import accumulate
 from statistics import median
@@ -287,15 +289,36 @@ class RuntimeHistory:
             fit = self._declaration_fits[user] = (math.exp(bias), sigma)
         return fit
 
+    def similar_runs(
+        self, user: str, similarity_key: str, gpus: int, usable: Callable[[FinishedRun], bool],
+        least_of_any_count: int = MIN_SIMILAR_RUNS,
+    ) -> tuple[list[FinishedRun], list[FinishedRun]]:
+        """Which finished runs speak for a job of `user`, program `similarity_key` and `gpus` (the one rule; of the
+        runs `usable` keeps): those of the same GPU count (a program's step and run time change with its GPUs),
+        the user's own before anyone's, one being enough; else runs of any GPU count, at least
+        `least_of_any_count` of them, the user's own first. (chosen runs, the group they were chosen from: the
+        user's runs of the program or anyone's), both empty when none."""
+        groups = [
+            [r for r in runs if usable(r)]
+            for runs in (self._runs.get((user, similarity_key)), self._anyone.get(similarity_key))
+            if runs
+        ]
+        for runs in groups:
+            same = [r for r in runs if r.gpus == gpus]
+            if same:
+                return same, runs
+        for runs in groups:
+            if runs and len(runs) >= least_of_any_count:
+                return runs, runs
+        return [], []
+
     def similar_remaining(
         self, user: str, similarity_key: str, gpus: int, elapsed_s: float
     ) -> tuple[float, float] | None:
-        """(log of the median remaining run time, its spread) of similar finished runs that outlasted `elapsed_s`,
-        or None. Runs of the same GPU count first (a program's run time changes with its GPUs), the user's own
-        before anyone's; one is enough, its spread then MIN_SIGMA: how far to believe it is the program's record
-        (similar_sigma, which the caller weighs by). Else runs of any GPU count, at least MIN_SIMILAR_RUNS of them,
-        the user's own first. Runs that say their work size are left out (their run time scales with it;
-        predict() handles them)."""
+        """(log of the median remaining run time, its spread) of the similar runs (similar_runs) that outlasted
+        `elapsed_s`, or None. One run's spread is MIN_SIGMA: how far to believe it is the program's record
+        (similar_sigma, which the caller weighs by). Runs that say their work size are left out (their run time
+        scales with it; predict() handles them)."""
         if similarity_key not in self._anyone:  # (no run of the program at all: nothing to look up)
             return None
         # (elapsed rounded down to 10 minutes, so that one answer serves many jobs and passes)
@@ -303,18 +326,11 @@ class RuntimeHistory:
         key = (user, similarity_key, gpus, elapsed_s)
         if key in self._residuals:
             return self._residuals[key]
-        result = None
-        groups = (self._runs.get((user, similarity_key)), self._anyone.get(similarity_key))
-        plains = [[r for r in runs if r.work is None] for runs in groups if runs]
-        tries = [
-            *(([r for r in plain if r.gpus == gpus], 1) for plain in plains),
-            *((p, MIN_SIMILAR_RUNS) for p in plains),
-        ]
-        for runs, least in tries:
-            logs = [math.log(r.runtime_s - elapsed_s) for r in runs if r.runtime_s > elapsed_s + 1.0]
-            if len(logs) >= least:  # (least is at least 1)
-                result = (median(logs), _log_spread(logs) if len(logs) > 1 else MIN_SIGMA)
-                break
+        runs, _ = self.similar_runs(
+            user, similarity_key, gpus, lambda r: r.work is None and r.runtime_s > elapsed_s + 1.0
+        )
+        logs = [math.log(r.runtime_s - elapsed_s) for r in runs]
+        result = (median(logs), _log_spread(logs) if len(logs) > 1 else MIN_SIGMA) if logs else None
         self._residuals[key] = result
         return result
 
@@ -338,54 +354,55 @@ class RuntimeHistory:
     def _estimate(
         self, user: str, similarity_key: str, gpus: int, attribute: str, work: float | None
     ) -> tuple[float | None, float | None]:
+        """(median of what the similar runs (similar_runs) say of the job's `attribute`, how often that has been
+        right of the program's runs: each predicted so from the earlier runs of the group, the share within
+        PREDICTION_TOLERANCE; None where none could be checked)."""
         if similarity_key not in self._anyone:  # (no run of the program at all: nothing to look up)
             return None, None
         key = (user, similarity_key, gpus, attribute, work)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
+        # (a step time of another GPU count still weighs a declaration roughly, where none would leave it out:
+        # Muri trace3 with exact declarations 55.3 h with three such runs asked for, 54.1 h with one)
+        least = 1 if attribute == "step_s" else MIN_SIMILAR_RUNS
+        runs, group = self.similar_runs(user, similarity_key, gpus, _usable(attribute, work), least)
         result: tuple[float | None, float | None] = (None, None)
-        for runs in (self._runs.get((user, similarity_key)), self._anyone.get(similarity_key)):
-            if runs:
-                result = _predict(list(runs), gpus, attribute, work)
-                if result[0] is not None:
-                    break
+        if runs:
+            checked = hits = 0
+            for i in range(1, len(group)):
+                run = group[i]
+                actual = run.step_s if attribute == "step_s" else run.runtime_s
+                earlier = _pick(group[:i], run.gpus, least)
+                if actual and earlier:
+                    checked += 1
+                    foretold = median(_value(r, attribute, run.work) for r in earlier)
+                    hits += abs(foretold - actual) <= PREDICTION_TOLERANCE * actual
+            result = median(_value(r, attribute, work) for r in runs), (hits / checked if checked else None)
         self._cache[key] = result
         return result
 
 
-def _values(runs: list[FinishedRun], gpus: int, attribute: str, work: float | None) -> list[float]:
-    """What `runs` say of a job of `gpus` asking for `work`: same GPU count first (step time depends on the gang
-    size); a run time scaled by work when the job and the runs say how much (only like with like)."""
-    if attribute == "runtime_s" and work is not None:
-        usable = [(r, r.runtime_s * work / r.work) for r in runs if r.work]
-    elif attribute == "runtime_s":
-        usable = [(r, r.runtime_s) for r in runs if r.work is None]
-    else:
-        usable = [(r, r.step_s) for r in runs if r.step_s is not None]
-    same = [value for r, value in usable if r.gpus == gpus]
-    return same or [value for _, value in usable]
+def _usable(attribute: str, work: float | None) -> Callable[[FinishedRun], bool]:
+    """The runs that say something of `attribute` for a job asking for `work`: a run time scaled by work only when
+    the job and the run both say how much (like with like); a step time whenever the run reported one."""
+    if attribute == "step_s":
+        return lambda r: r.step_s is not None
+    if work is not None:
+        return lambda r: bool(r.work)
+    return lambda r: r.work is None
 
 
-def _predict(
-    runs: list[FinishedRun], gpus: int, attribute: str, work: float | None
-) -> tuple[float | None, float | None]:
-    values = _values(runs, gpus, attribute, work)
-    if not values:
-        return None, None
-    checked = hits = 0
-    for i in range(1, len(runs)):
-        run = runs[i]
-        actual = run.step_s if attribute == "step_s" else run.runtime_s
-        if not actual:
-            continue
-        earlier = _values(runs[:i], run.gpus, attribute, run.work if attribute == "runtime_s" else None)
-        if attribute == "runtime_s" and (run.work is None) != (work is None):
-            continue
-        if earlier:
-            checked += 1
-            hits += abs(median(earlier) - actual) <= PREDICTION_TOLERANCE * actual
-    return median(values), (hits / checked if checked else None)
+def _value(run: FinishedRun, attribute: str, work: float | None) -> float:
+    if attribute == "step_s":
+        return run.step_s or 0.0
+    return run.runtime_s * work / run.work if work is not None and run.work else run.runtime_s
+
+
+def _pick(runs: list[FinishedRun], gpus: int, least_of_any_count: int) -> list[FinishedRun]:
+    """similar_runs' rule within one group of runs."""
+    same = [r for r in runs if r.gpus == gpus]
+    return same or (runs if len(runs) >= least_of_any_count else [])
 
 
 def elapsed_run_s(job: PendingJob | RunningJob, now: float) -> float:

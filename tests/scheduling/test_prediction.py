@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from apps.scheduling.prediction import FinishedRun, RuntimeHistory, predict_remaining_s, predict_total_s
@@ -23,9 +25,13 @@ def test_history_gives_step_time_then_runtime_then_time_limit_then_default():
     assert predict_total_s(with_steps, history, 1.0) == 250.0
     no_steps = pending(2, gpus=2, similarity_key="bert")
     assert predict_total_s(no_steps, history, 1.0) == 500.0
-    # Another user's run of the same program: anyone's runs when the user has none.
-    other_user = pending(3, user="v", similarity_key="bert", time_limit_s=7200.0)
-    assert predict_total_s(other_user, history, 1.0) == 400.0
+    # Another user's run of the same program and GPU count: anyone's runs when the user has none ...
+    other_user = pending(3, user="v", gpus=2, similarity_key="bert", time_limit_s=7200.0)
+    assert predict_total_s(other_user, history, 1.0) == 500.0
+    # ... and of other GPU counts only three or more of them (similar_runs, the order's rule too): two are not
+    assert predict_total_s(replace(other_user, gpus=1), history, 1.0) == 7200.0
+    history.record("w", "bert", FinishedRun(gpus=8, runtime_s=100.0, step_s=0.1))
+    assert predict_total_s(replace(other_user, gpus=1), history, 1.0) == 300.0
     other_program = pending(3, user="v", similarity_key="gpt", time_limit_s=7200.0)
     assert predict_total_s(other_program, history, 1.0) == 7200.0
     assert predict_total_s(pending(4), history, 42.0) == 42.0
