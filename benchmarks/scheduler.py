@@ -20,9 +20,11 @@ wait and others run (apps/scheduling/simulate.py BEAT_S, 300 s; 0 turns the beat
 
 Each trace runs under each declaration mode asked for (apps/scheduling/trace.py with_declarations: what jobs
 declare of their steps; the truth is unchanged; `biased`, not in the default list, spreads the jobs over four users
-who declare 0.5, 1, 2 and 4 times their steps, each off by a further lognormal factor of spread 0.5): the policies that read declarations (fifo-backfill, console,
-console-share) once per mode, the others (oracles, Tiresias, fifo, fair-share) once per trace, repeated in each
-mode's table.
+who declare 0.5, 1, 2 and 4 times their steps, each off by a further lognormal factor of spread 0.5): the policies
+that read declarations (srsf-declared, fifo-backfill, console, console-share) once per mode, the others (oracles,
+Tiresias, fifo, fair-share) once per trace, repeated in each mode's table. srsf-declared is the SRSF oracle told
+what jobs declare instead of the truth (declared steps at their true step time; past them a quarter of the run; no
+declaration: least attained service first): what shortest-first gets from the same declarations, learning nothing.
 
 The published numbers (Muri, NSDI'22 artifact, figures 9-10) come from the raw file next to the traces. Their
 simulator runs each job for iterations x iteration_time x 1.015 (`--runtime-model muri`, the default here);

@@ -28,7 +28,7 @@ from typing import Protocol
 from apps.scheduling.config import PolicyConfig
 from apps.scheduling.interference import profile, slowdowns
 from apps.scheduling.placeability import candidates, gpu_index, placement_refusal, units_in_use
-from apps.scheduling.prediction import FinishedRun, RuntimeHistory
+from apps.scheduling.prediction import OVERRUN_FRACTION, FinishedRun, RuntimeHistory
 from apps.scheduling.sharing import FULL, share_units
 from apps.scheduling.similarity import similarity_key
 from apps.scheduling.trace import TraceJob
@@ -179,6 +179,21 @@ class Simulator:
             progress = max(0.0, self.now - state.run_start - state.run_overhead_s)
             return max(0.0, state.remaining_s - progress), state.trace.duration_s
         return state.remaining_s, state.trace.duration_s
+
+    def declared_remaining(self, job_id: int) -> tuple[float, float]:
+        """(remaining seconds as the job's declaration says, its declared run time) for the srsf-declared
+        baseline: its declared steps at its true step time (what a running job reports) less what it has run; past
+        them a quarter of its run (prediction.OVERRUN_FRACTION). A job that declares nothing is worth what it has
+        run (least attained service first, as 2D-LAS without queues)."""
+        remaining, total = self.true_remaining(job_id)
+        trace = self.jobs[job_id].trace
+        done = total - remaining
+        declared = trace.declared_steps
+        if declared is None or not trace.iterations:
+            return done, done
+        declared_total = declared * total / trace.iterations
+        left = declared_total - done
+        return (left if left > 0 else OVERRUN_FRACTION * done), declared_total
 
     def waiting_view(self, job_id: int) -> PendingJob:
         """The job as a waiting one, as of its last settled progress (for a policy offering a packed job elsewhere)."""

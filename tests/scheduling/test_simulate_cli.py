@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,21 @@ def test_oracles_on_a_tiny_trace():
     assert srtf.preemptions == 1
     costly = simulate(jobs, "1x2", "srtf-oracle", preempt_cost_s=30)
     assert costly.avg_jct_h > srtf.avg_jct_h
+
+
+def test_srsf_declared_orders_by_what_jobs_declare():
+    # One GPU. A (100 s) at 0; B (10 s) at 1 declares 1,000 steps (100x its 10); C (50 s) at 2 declares nothing.
+    truth = [job(0, 1, 0, 100), job(1, 1, 1, 10), job(2, 1, 2, 50)]
+    overstated = [truth[0], replace(truth[1], declared_iterations=1000), replace(truth[2], declared_iterations=None)]
+    # Told the truth (every job declaring its steps) it is the SRSF oracle: B preempts A at 1 and runs to 11, then
+    # C (50 s) before A (99 s left): C 11-61, A 61-160. Told what they declare: C, which declares nothing and has
+    # run nothing, preempts A at 2 (least attained first); B (1,000 s declared) waits behind A's 98 s left.
+    exact = simulate(truth, "1x1", "srsf-declared")
+    assert exact.avg_jct_h == simulate(truth, "1x1", "srsf-oracle").avg_jct_h
+    assert exact.avg_jct_h * 3600 == pytest.approx((10 + 59 + 160) / 3)
+    told = simulate(overstated, "1x1", "srsf-declared")
+    # C at 2-52, A's 98 s at 52-150, B at 150-160
+    assert told.avg_jct_h * 3600 == pytest.approx((150 + 159 + 50) / 3)
 
 
 def test_a_pass_interval_passes_while_jobs_wait_as_the_consoles_beat_does():
