@@ -168,11 +168,11 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     log_text, log_next = job_selectors.job_log_slice(job, start, LOG_TAIL_CHARS)
     gpus = [a.gpu for a in active]
     artifacts = _artifacts(job)
-    believed = None if job.is_final else job_selectors.believed_max_steps(job)
+    believed = job_selectors.believed_max_steps(job)
     return render(request, "dashboard/job_detail.html", {
         "job": job,
         "believed": None if believed is None else {
-            "steps": round(believed[0]), "runs": believed[1],
+            "steps": believed[0], "runs": believed[1],
             "than": "fewer" if believed[0] < (job.max_steps or 0) else "more"},
         "allocations": active,
         "events": list(job_selectors.job_events(job)),

@@ -8,7 +8,13 @@ from django.utils import timezone
 from apps.accounts import access
 from apps.accounts.access import AnyUser
 from apps.jobs.models import Job, JobAllocation, JobEvent
-from apps.scheduling.prediction import FinishedRun, RuntimeHistory
+from apps.scheduling.prediction import (
+    DECLARATION_WINDOW,
+    FinishedRun,
+    RuntimeHistory,
+    declaration_error,
+    declaration_fit,
+)
 from apps.scheduling.similarity import similarity_key, work_size
 
 # The finished runs the scheduler learns from: the last HISTORY_RUNS of the last HISTORY_DAYS.
@@ -118,16 +124,16 @@ def _chunk_start(job: Job, after: int) -> int:
     return first or 0
 
 
-def runtime_history(username: str | None = None) -> RuntimeHistory:
+def runtime_history() -> RuntimeHistory:
     """The finished runs the scheduler predicts from (succeeded jobs of the last HISTORY_DAYS, at most
-    HISTORY_RUNS), oldest first; only `username`'s when given."""
+    HISTORY_RUNS), oldest first."""
     since = timezone.now() - timedelta(days=HISTORY_DAYS)
-    rows = Job.objects.filter(state=Job.State.SUCCEEDED, finished_at__gt=since, started_at__isnull=False)
-    if username is not None:
-        rows = rows.filter(user__username=username)
-    finished = rows.order_by("-finished_at").values_list(
-        "user__username", "workload", "gpus", "started_at", "finished_at", "steps_per_second", "max_steps",
-        "steps_done")[:HISTORY_RUNS]
+    finished = (
+        Job.objects.filter(state=Job.State.SUCCEEDED, finished_at__gt=since, started_at__isnull=False)
+        .order_by("-finished_at")
+        .values_list("user__username", "workload", "gpus", "started_at", "finished_at", "steps_per_second",
+                     "max_steps", "steps_done")[:HISTORY_RUNS]
+    )
     history = RuntimeHistory()
     for user, workload, gpus, started, ended, steps_per_second, max_steps, steps_done in reversed(finished):
         if started is None or ended is None:  # (the filter says neither is; the row's type does not)
@@ -140,15 +146,24 @@ def runtime_history(username: str | None = None) -> RuntimeHistory:
     return history
 
 
-def believed_max_steps(job: Job) -> tuple[float, int] | None:
+def believed_max_steps(job: Job) -> tuple[int, int] | None:
     """(the steps the scheduler counts on for `job`, of the max_steps it declared, and how many of its user's
-    finished runs say so: prediction.believed_steps on their record), or None when the job declares none or
-    its user's record takes nothing off (or adds nothing to) what it declares."""
-    if not job.max_steps:
+    finished runs say so: RuntimeHistory.declared_scale's fit of their record, read from those runs alone), or
+    None when the job declares none, has ended, or its user's record takes nothing off (or adds nothing to) what it
+    declares."""
+    if not job.max_steps or job.is_final:
         return None
-    history = runtime_history(job.user.username)
-    runs = history.declaration_runs(job.user.username)
-    scale = history.declared_scale(job.user.username)
-    if runs == 0 or abs(scale - 1.0) < BELIEVED_AS_DECLARED:
+    since = timezone.now() - timedelta(days=HISTORY_DAYS)
+    record = list(
+        Job.objects.filter(user_id=job.user_id, state=Job.State.SUCCEEDED, finished_at__gt=since,
+                           started_at__isnull=False, max_steps__gt=0, steps_done__gt=0)
+        .order_by("-finished_at")
+        .values_list("max_steps", "steps_done")[:DECLARATION_WINDOW]
+    )
+    if not record:
         return None
-    return job.max_steps * scale, runs
+    # (the filter says max_steps is set; the row's type does not)
+    scale, _ = declaration_fit([declaration_error(steps, declared or 1) for declared, steps in reversed(record)])
+    if abs(scale - 1.0) < BELIEVED_AS_DECLARED:
+        return None
+    return round(job.max_steps * scale), len(record)

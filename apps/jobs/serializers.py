@@ -208,8 +208,8 @@ class JobDetailSerializer(JobSerializer):
 def believed_steps_data(job: Job) -> dict[str, int] | None:
     """{steps the scheduler counts on, runs of its user's record that say so}, or None (jobs.selectors
     .believed_max_steps; asks the database only for a job that declares max_steps)."""
-    believed = None if job.is_final else believed_max_steps(job)
-    return None if believed is None else {"steps": round(believed[0]), "runs": believed[1]}
+    believed = believed_max_steps(job)
+    return None if believed is None else {"steps": believed[0], "runs": believed[1]}
 
 
 def code_data(job: Job) -> dict[str, Any] | None:

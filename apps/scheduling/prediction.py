@@ -17,7 +17,7 @@ import math
 import statistics
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, KeysView
+from collections.abc import Callable, Collection, KeysView
 from dataclasses import dataclass
 from itertools import accumulate
 from statistics import median
@@ -153,6 +153,21 @@ def gittins_remaining(left: list[float]) -> float:
     return best
 
 
+def declaration_error(steps: int, declared_steps: int) -> float:
+    """What one finished run adds to its user's declaration record: log(real / declared steps)."""
+    return math.log(steps / declared_steps)
+
+
+def declaration_fit(errors: Collection[float]) -> tuple[float, float]:
+    """(scale, spread) of a user's declarations from the errors (declaration_error) of their recent runs: e to the
+    mean error and the root mean square around it, both shrunk toward the prior (no bias, PRIOR_DECLARATION_SIGMA)
+    while the runs are few (RuntimeHistory.declared_scale and declaration_sigma)."""
+    weight = PRIOR_DECLARATION_WEIGHT
+    bias = sum(errors) / (len(errors) + weight)
+    squares = sum((e - bias) ** 2 for e in errors) + weight * PRIOR_DECLARATION_SIGMA**2
+    return math.exp(bias), max(MIN_SIGMA, math.sqrt(squares / (len(errors) + weight)))
+
+
 _Group = deque[FinishedRun]
 
 
@@ -197,7 +212,7 @@ class RuntimeHistory:
             self._cumulative_run_times = None
         if run.declared_steps and run.steps:
             self._declared.setdefault(user, deque(maxlen=DECLARATION_WINDOW)).append(
-                math.log(run.steps / run.declared_steps)
+                declaration_error(run.steps, run.declared_steps)
             )
             self._declaration_fits.pop(user, None)
 
@@ -281,12 +296,7 @@ class RuntimeHistory:
     def _declaration_fit(self, user: str) -> tuple[float, float]:
         fit = self._declaration_fits.get(user)
         if fit is None:
-            errors = self._declared.get(user, ())
-            weight = PRIOR_DECLARATION_WEIGHT
-            bias = sum(errors) / (len(errors) + weight)
-            squares = sum((e - bias) ** 2 for e in errors) + weight * PRIOR_DECLARATION_SIGMA**2
-            sigma = max(MIN_SIGMA, math.sqrt(squares / (len(errors) + weight)))
-            fit = self._declaration_fits[user] = (math.exp(bias), sigma)
+            fit = self._declaration_fits[user] = declaration_fit(self._declared.get(user, ()))
         return fit
 
     def similar_runs(

@@ -53,7 +53,6 @@ MEASURE_S = 600.0
 # 60 s on trace3 without declarations (82.9 h against 83.9 h; without a beat 86.6 h).
 BEAT_S = 300.0
 CORE_POLICIES = ("fifo", "fifo-backfill", "fair-share", "console")
-BASELINE_POLICIES = ("sjf-oracle", "srtf-oracle", "srsf-oracle", "srsf-declared", "tiresias-2dlas")
 POLICY_NAMES = (
     "fifo",
     "sjf-oracle",
