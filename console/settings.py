@@ -239,6 +239,8 @@ SCHEDULER = {
     # Aging (a waiting job's score over 1 + waited / aging time): ten days, or this many times the 90th
     # percentile of the cluster's run times if that is shorter, never under an hour (0: ten days)
     "aging_long_run_multiple": env_float("CONSOLE_AGING_LONG_RUN_MULTIPLE", 4.5, minimum=0.0),
+    # ... this many times slower for a job that declares its steps (ordered by its whole declared size)
+    "declared_aging_multiple": env_float("CONSOLE_DECLARED_AGING_MULTIPLE", 3.0, above=0.0),
     "borrowing": env_bool("CONSOLE_SCHEDULER_BORROWING", True),
     "backfill": env_bool("CONSOLE_SCHEDULER_BACKFILL", False),
     # A gang that the free GPUs hold in number but not on the fewest hosts moves up to this many running jobs

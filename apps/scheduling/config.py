@@ -58,6 +58,9 @@ class PolicyConfig:
     # order first-come first-served within minutes.
     aging_long_run_multiple: float = 4.5
     aging_floor_s: float = HOUR
+    # A job that declares its steps ages this many times slower (ordering.job_aging_s): it is ordered by its whole
+    # declared size, and a long one waits behind shorter ones by design.
+    declared_aging_multiple: float = 3.0
     # Fair share: penalty = 2 ** (weight * usage fraction / share fraction), per team and per user in a team.
     fair_share_weight: float = 1.0
     # Half-life of usage decay (the console decays its own usage records; the simulator uses this).

@@ -78,6 +78,8 @@ class Waiting:
     # (start_times' may_stop), as attained service time-slices a queue of jobs that declare nothing.
     slice_s: float | None = None
     moved_order: Order | None = None
+    # The aging time its score was boosted over (ordering.job_aging_s; 0: none), which expected_arrivals undoes.
+    aging_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,14 +615,14 @@ MAX_EXPECTED = 2_000
 EXPECTED_CONFIDENCE = 0.5
 
 
-def expected_arrivals(now: float, recent: Iterable[Waiting], aging_s: float = 0.0) -> list[tuple[float, Waiting]]:
+def expected_arrivals(now: float, recent: Iterable[Waiting]) -> list[tuple[float, Waiting]]:
     """The submissions expected after now, for estimate_starts: the burst going on now continues as long again.
 
     Jobs come in bursts (a sweep of hundreds of jobs in minutes, then hours of quiet); a job estimated as it is
     submitted waits for the rest of its burst that goes ahead of it in the queue, which nobody knows yet. With no
     better knowledge, a burst that has lasted D is as likely to be half over as not (the Lindy rule): its
     submissions so far are expected again, D later, each with its order as submitted: its score now with the aging
-    (ordering.aging_boost over `aging_s`) it has had undone, so that a like job submitted later comes behind the
+    (ordering.aging_boost over its Waiting.aging_s) it has had undone, so that a like job submitted later comes behind the
     like jobs waiting now, as aging ranks it (with their scores now, the copies of a sweep's first jobs went
     ahead of its later ones: trace4 without declarations 0.92 -> 0.74 of the wait). `recent`: the jobs submitted
     lately, waiting or started, their order's third field the time they were submitted. No sweep going on (fewer than MIN_BURST submissions each within
@@ -644,7 +646,7 @@ def expected_arrivals(now: float, recent: Iterable[Waiting], aging_s: float = 0.
     for job in burst:
         at = job.order[2] + lasted
         priority, score, submitted, job_id = job.order
-        score *= aging_boost(submitted, now, aging_s)
+        score *= aging_boost(submitted, now, job.aging_s)
         confidence = min(job.confidence, EXPECTED_CONFIDENCE)
         expected.append(
             (at, replace(job, order=(priority, score, at, -1 - job_id), fixed_start=None, confidence=confidence,

@@ -39,7 +39,9 @@ from apps.scheduling.ordering import (
     NeverRun,
     ServiceEstimate,
     aging_boost,
+    declared_aging_s,
     estimate_service,
+    job_aging_s,
     service_estimate,
     with_learned_aging,
 )
@@ -286,7 +288,7 @@ class ConsolePass:
         if ordering == "fifo":
             score = 0.0
         else:
-            boost = aging_boost(job.submitted_at, self.now, self.config.aging_s)
+            boost = aging_boost(job.submitted_at, self.now, job_aging_s(job, self.config))
             penalty = self.fair.penalty(job.team, job.user)
             if ordering == "fair-share":
                 score = penalty / boost
@@ -301,7 +303,7 @@ class ConsolePass:
         """A job's score under shortest-remaining at `at`: its remaining GPU-time x its fair-share penalty, over its
         aging boost then."""
         penalty = self.fair.penalty(job.team, job.user)
-        return remaining_gpu_s * penalty / aging_boost(job.submitted_at, at, self.config.aging_s)
+        return remaining_gpu_s * penalty / aging_boost(job.submitted_at, at, job_aging_s(job, self.config))
 
     def _ranked(self) -> list[Ranked]:
         """The waiting jobs in pass order, each with its predicted remaining time (as _remaining) and its score
@@ -309,6 +311,7 @@ class ConsolePass:
         They are kept by job id (self.expected, confidence, scores) only for the jobs placed (run)."""
         now, history, default_s = self.now, self.snapshot.history, self.config.default_runtime_s
         ordering, aging_s = self.config.ordering, self.config.aging_s
+        declared_aging = declared_aging_s(self.config)  # (job_aging_s written out)
         queues_of = history or EMPTY_HISTORY
         penalties: dict[tuple[str, str], float] = {}
         never_run = NeverRun(queues_of)
@@ -328,7 +331,8 @@ class ConsolePass:
                 score = 0.0
             else:
                 waited = now - job.submitted_at
-                boost = 1.0 + (waited if waited > 0.0 else 0.0) / aging_s if aging_s > 0 else 1.0
+                job_aging = aging_s if job.declared_steps is None else declared_aging
+                boost = 1.0 + (waited if waited > 0.0 else 0.0) / job_aging if job_aging > 0 else 1.0
                 penalty = penalties.get((job.team, job.user))
                 if penalty is None:
                     penalty = penalties[(job.team, job.user)] = self.fair.penalty(job.team, job.user)
@@ -685,6 +689,7 @@ class ConsolePass:
                 min_units(job) if is_fractional(job) else FULL * job.gpus,
                 expected, confidence,
                 not (lends.get(job.team, False) and job.preemptible and job.preemption_count < max_preemptions),
+                aging_s=job_aging_s(job, self.config),
             ))
             if len(sliceable) < HELD_JOBS:
                 sliceable.append(job)
@@ -867,7 +872,7 @@ class ConsolePass:
 
         starts = start_times(
             self.now, free_by_type, capacity, team_room, user_room, self._ends(queue), queue,
-            expected_arrivals(self.now, self._recent(queue), self.config.aging_s), may_stop,
+            expected_arrivals(self.now, self._recent(queue)), may_stop,
         )
         pending = self.pending
         # confidence -> rounded to 2 places: round() goes through a decimal string, and a pass has few confidences
@@ -919,7 +924,7 @@ class ConsolePass:
         return Waiting(
             job.job_id, order, job.team, job.user, job.gpus, job.gpu_type, units,
             min(remaining, self.expected.get(job.job_id, remaining)), self.confidence.get(job.job_id, 0.0),
-            not may_borrow,
+            not may_borrow, aging_s=job_aging_s(job, self.config),
         )
 
     def _with_slices(self, queue: list[Waiting], jobs: list[PendingJob]) -> list[Waiting]:

@@ -17,6 +17,7 @@ from apps.scheduling.ordering import (
     EMPTY_HISTORY,
     NeverRun,
     estimate_service,
+    job_aging_s,
     service_estimate,
     with_learned_aging,
 )
@@ -314,11 +315,11 @@ def test_the_aging_is_no_longer_than_four_and_a_half_of_the_clusters_long_runs()
 
 @pytest.mark.parametrize(("run_s", "first"), [(3000.0, 1), (3 * 86_400.0, 2)])
 def test_a_job_waiting_two_days_goes_first_where_runs_last_an_hour_not_where_they_last_days(run_s: float, first: int):
-    """A job declaring 10x the steps of a fresh one, waiting for two days: where the cluster's runs last 50
-    minutes that wait counts (aging 3.75 h) and it takes the one GPU; where they last three days it does not (the
-    configured ten days)."""
+    """A job declaring 4x the steps of a fresh one, waiting for two days: where the cluster's runs last 50
+    minutes that wait counts (aging 3.75 h, three times that for jobs that declare steps) and it takes the one GPU;
+    where they last three days it does not (the configured ten days)."""
     now = 1_000_000.0
-    waited = pending(1, declared_steps=20_000, observed_step_s=1.0, submitted_at=now - 2 * 86_400)
+    waited = pending(1, declared_steps=8_000, observed_step_s=1.0, submitted_at=now - 2 * 86_400)
     fresh = pending(2, declared_steps=2_000, observed_step_s=1.0, submitted_at=now - 10)
     snap = replace(snapshot(hosts(1, 1), [waited, fresh], now=now), history=history_of_runs(run_s, MIN_SERVICE_HISTORY))
     assert [p.job_id for p in schedule(snap, PolicyConfig()).placements] == [first]
@@ -411,3 +412,33 @@ def test_biased_declarations_come_from_four_users_each_off_by_a_factor_of_their_
         assert len(ratios) == 100
         # (the median of a lognormal factor of spread 0.5 over 100 draws stays within 20 % of 1)
         assert statistics.median(ratios) == pytest.approx(bias, rel=0.2)
+
+
+@pytest.mark.parametrize(("done", "first"), [(2_000, 2), (8_000, 1)])
+def test_a_declared_job_goes_by_its_whole_size_until_half_of_it_is_left(done: int, first: int):
+    """Two waiting jobs of one user, one GPU: job 1 declared 10,000 steps and ran `done` of them before it was
+    preempted, job 2 declares 9,000 and never ran (one step a second each). Shortest job first by declared size:
+    job 2 (9,000 s) goes ahead of job 1 (10,000 s) while job 1 has more than half of its steps left (8,000 of
+    them, which shortest-remaining would put first), and behind it once job 1 is within half of its end (2,000
+    left)."""
+    now = 1_000_000.0
+    preempted = pending(
+        1, declared_steps=10_000, steps_done=done, observed_step_s=1.0, attained_gpu_seconds=float(done),
+        preemption_count=1, submitted_at=now - 20_000,
+    )
+    fresh = pending(2, declared_steps=9_000, observed_step_s=1.0, submitted_at=now - 20_000)
+    snap = snapshot(hosts(1, 1), [preempted, fresh], now=now)
+    assert [p.job_id for p in schedule(snap, PolicyConfig()).placements] == [first]
+    declared = service_estimate(preempted, now, RuntimeHistory())[0]
+    assert declared == pytest.approx(10_000.0) if done == 2_000 else declared < 9_000.0
+
+
+def test_a_job_that_declares_steps_ages_slower_in_the_order_by_size():
+    """The aging time of a job that declares steps is declared_aging_multiple times the pass's under the order by
+    size, and the pass's own under fair share or FIFO (which do not order by size)."""
+    config = PolicyConfig(aging_s=1000.0, declared_aging_multiple=3.0)
+    declares, silent = pending(1, declared_steps=100), pending(2)
+    assert job_aging_s(declares, config) == 3000.0
+    assert job_aging_s(silent, config) == 1000.0
+    for ordering in ("fair-share", "fifo"):
+        assert job_aging_s(declares, replace(config, ordering=ordering)) == 1000.0
