@@ -12,7 +12,9 @@ A trace name is looked up as muri/NAME.csv under --traces-dir, then under benchm
 traces kept with the code: trace2, the *_pr variants, job_type_1..3; see benchmarks/traces/muri/README.md).
 `pollux-*` names are the Pollux (OSDI'21) workloads converted to the same format (benchmarks/traces/pollux: e.g.
 pollux-w1..w8 at their normal load, pollux-2.0-w1 from their 2x set; `pollux` alone means all of them): they run
-on Pollux's cluster of 16 nodes x 4 GPUs, for their duration column (Muri's 1.5 % slowdown is not theirs).
+on Pollux's cluster of 16 nodes x 4 GPUs, for their duration column (Muri's 1.5 % slowdown is not theirs). A set
+of workloads run together (pollux-1.5-w1..w8) is summed up at the end: per policy, the mean over its workloads of
+their average and p99 JCTs, and the p99 of all their jobs pooled (a workload's p99 is its second-worst job).
 --load scales the gaps between submissions (apps/scheduling/trace.py with_load): 2 packs the arrivals twice as
 densely (twice the offered load), 0.5 spreads them; the published figures are printed beside load 1 only.
 Every policy's simulator passes at arrivals, ends, its own wake-ups and at least every --pass-interval-s while jobs
@@ -49,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from apps.scheduling.metrics import Summary  # noqa: E402
+from apps.scheduling.metrics import Summary, quantile_as_published  # noqa: E402
 from apps.scheduling.packing import PackingConfig  # noqa: E402
 from apps.scheduling.policy import schedule  # noqa: E402
 from apps.scheduling.simulate import BEAT_S, POLICY_NAMES, add_beat_argument, simulate  # noqa: E402
@@ -192,12 +194,13 @@ def run_traces(
     beat_s: float | None = BEAT_S,
 ) -> None:
     published_figures = published(traces_dir)
+    sets: dict[tuple[str, float, str, str], list[Summary]] = {}
     for trace in expand_traces(traces):
         truth = load_named_trace(traces_dir, trace, runtime_model)
         cluster, model = trace_setup(trace, runtime_model)
         for load in loads:
             reference = published_figures if load == 1 else {}
-            run_trace(
+            by_mode = run_trace(
                 trace,
                 with_load(truth, load),
                 load,
@@ -210,6 +213,11 @@ def run_traces(
                 cluster,
                 beat_s,
             )
+            if is_pollux(trace):
+                for mode, results in by_mode.items():
+                    for name, summary in results.items():
+                        sets.setdefault((workload_set(trace), load, mode, name), []).append(summary)
+    print_pooled(sets)
     packing = PackingConfig()
     print(
         f"  console-share: packing of jobs of equal GPU count, groups of up to {packing.limit} interleaved on one "
@@ -217,6 +225,33 @@ def run_traces(
         f"gain > {packing.min_gain:g}; the simulator charges the joint-round interference model "
         "(apps/scheduling/interference.py) with no switch overhead"
     )
+
+
+def workload_set(trace: str) -> str:
+    """The set a Pollux workload belongs to: pollux-1.5-w3 -> pollux-1.5."""
+    return re.sub(r"-w\d+$", "", trace)
+
+
+def print_pooled(sets: dict[tuple[str, float, str, str], list[Summary]]) -> None:
+    """Each Pollux set of two or more workloads, per load, declaration mode and policy: the mean over its workloads
+    of their average and p99 JCTs, and the p99 of all their jobs pooled. A workload has about 160 jobs, so its
+    p99 is its second-worst job and moves by an hour with any change of the order; the pooled p99 is that of
+    1,300 jobs."""
+    groups = {key: runs for key, runs in sets.items() if len(runs) > 1}
+    if not groups:
+        return
+    print(
+        "\n## Pollux sets: the mean over their workloads of avg and p99 JCT, and the p99 of their jobs pooled (h)"
+        f"\n{'set':<14}{'load':>6}  {'declarations':<13}{'policy':<16}{'workloads':>10}{'avg JCT':>9}"
+        f"{'p99':>8}{'pooled p99':>12}"
+    )
+    for (name, load, mode, policy), runs in groups.items():
+        pooled = [jct for run in runs for jct in run.jcts_h]
+        print(
+            f"{name:<14}{load:>6g}  {mode:<13}{policy:<16}{len(runs):>10}"
+            f"{statistics.mean(r.avg_jct_h for r in runs):>9.3f}{statistics.mean(r.p99_jct_h for r in runs):>8.2f}"
+            f"{quantile_as_published(pooled, 0.99):>12.2f}"
+        )
 
 
 def run_trace(
@@ -231,9 +266,10 @@ def run_trace(
     seed: int,
     cluster: str = MURI_CLUSTER,
     beat_s: float | None = BEAT_S,
-) -> None:
-    """Every policy on one trace at one load, a table per declaration mode."""
+) -> dict[str, dict[str, Summary]]:
+    """Every policy on one trace at one load, a table per declaration mode; the summaries by mode and policy."""
     once: dict[str, tuple[Summary, float]] = {}
+    by_mode: dict[str, dict[str, Summary]] = {}
     d = 2 if is_pollux(trace) else 1  # decimals of the hour figures: Pollux's jobs last minutes to hours
     for mode in modes:
         jobs = with_declarations(truth, mode, seed)
@@ -248,6 +284,7 @@ def run_trace(
             flush=True,
         )
         results: dict[str, Summary] = {}
+        by_mode[mode] = results
         for name in policies:
             if name in UNDECLARED_POLICIES and name in once:
                 summary, elapsed = once[name]
@@ -302,6 +339,7 @@ def run_trace(
                     f"{mine.avg_jct_h / las.avg_jct_h:.2f}x Tiresias; p99 {mine.p99_jct_h / las.p99_jct_h:.2f}x "
                     "Tiresias'"
                 )
+    return by_mode
 
 
 def time_pass(passes: int) -> None:

@@ -60,9 +60,14 @@ class Summary:
     teams: dict[str, TeamFigures] = field(default_factory=dict)
     worst_finish_time_fairness: float | None = None
     estimates: EstimateFigures | None = None
+    # Every finished job's JCT in hours (to pool several runs' jobs: benchmarks/scheduler.py's Pollux sets); not in
+    # as_dict.
+    jcts_h: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        figures = asdict(self)
+        del figures["jcts_h"]
+        return figures
 
 
 def summarize(result: SimResult) -> Summary:
@@ -93,6 +98,7 @@ def summarize(result: SimResult) -> Summary:
         teams=teams,
         worst_finish_time_fairness=max((t.finish_time_fairness for t in teams.values()), default=None),
         estimates=estimate_figures(result.jobs),
+        jcts_h=tuple(jct / HOUR for jct in jcts),
     )
 
 
