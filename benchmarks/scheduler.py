@@ -242,13 +242,13 @@ def print_pooled(sets: dict[tuple[str, float, str, str], list[Summary]]) -> None
         return
     print(
         "\n## Pollux sets: the mean over their workloads of avg and p99 JCT, and the p99 of their jobs pooled (h)"
-        f"\n{'set':<14}{'load':>6}  {'declarations':<13}{'policy':<16}{'workloads':>10}{'avg JCT':>9}"
+        f"\n{'set':<18}{'load':>6}  {'declarations':<13}{'policy':<16}{'workloads':>10}{'avg JCT':>9}"
         f"{'p99':>8}{'pooled p99':>12}"
     )
     for (name, load, mode, policy), runs in groups.items():
         pooled = [jct for run in runs for jct in run.jcts_h]
         print(
-            f"{name:<14}{load:>6g}  {mode:<13}{policy:<16}{len(runs):>10}"
+            f"{name:<18}{load:>6g}  {mode:<13}{policy:<16}{len(runs):>10}"
             f"{statistics.mean(r.avg_jct_h for r in runs):>9.3f}{statistics.mean(r.p99_jct_h for r in runs):>8.2f}"
             f"{quantile_as_published(pooled, 0.99):>12.2f}"
         )
