@@ -622,8 +622,8 @@ def expected_arrivals(now: float, recent: Iterable[Waiting]) -> list[tuple[float
     submitted waits for the rest of its burst that goes ahead of it in the queue, which nobody knows yet. With no
     better knowledge, a burst that has lasted D is as likely to be half over as not (the Lindy rule): its
     submissions so far are expected again, D later, each with its order as submitted: its score now with the aging
-    (ordering.aging_boost over its Waiting.aging_s) it has had undone, so that a like job submitted later comes behind the
-    like jobs waiting now, as aging ranks it (with their scores now, the copies of a sweep's first jobs went
+    (ordering.aging_boost over its Waiting.aging_s) it has had undone, so that a like job submitted later comes
+    behind the like jobs waiting now, as aging ranks it (with their scores now, the copies of a sweep's first jobs went
     ahead of its later ones: trace4 without declarations 0.92 -> 0.74 of the wait). `recent`: the jobs submitted
     lately, waiting or started, their order's third field the time they were submitted. No sweep going on (fewer than MIN_BURST submissions each within
     BURST_GAP_S of the next, the last within BURST_GAP_S of now): none expected.

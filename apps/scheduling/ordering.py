@@ -102,8 +102,8 @@ def job_aging_s(job: PendingJob | RunningJob, config: PolicyConfig) -> float:
     `declared_aging_multiple` for a job that declares its steps when the order is by size. Such a job is ordered by
     its whole declared size (DECLARED_SIZE_FRACTION), and long ones wait behind short ones by design; aged as fast as
     a job ordered by its attained service alone, the 18-hour gangs of 32 GPUs went ahead of the 8-GPU jobs of 48
-    hours they outweigh (Muri trace3, exact declarations, this order at a fraction of a third: aging x1 55.4 h, x3 50.2 h, x10 50.7 h; x10
-    takes the p99 of the Pollux workloads at 1.5x load to 14.5 h, Tiresias' 13.9 h).
+    hours they outweigh (Muri trace3, exact declarations, this order at a fraction of a third: aging x1 55.4 h, x3
+    50.2 h, x10 50.7 h; x10 takes the p99 of the Pollux workloads at 1.5x load to 14.5 h, Tiresias' 13.9 h).
     """
     return config.aging_s if job.declared_steps is None else declared_aging_s(config)
 
@@ -123,6 +123,7 @@ def declared_aging_s(config: PolicyConfig) -> float:
 # / 0.33: 49.4 / 50.2 h exact, but the Pollux workloads at 1.5x load with noisy declarations pay for a smaller one
 # (0.33: 0.839 h, p99 14.7 h; 0.5: 0.799 / 13.7 h; Tiresias 0.951 / 13.9 h; benchmarks/traces/muri/README.md).
 DECLARED_SIZE_FRACTION = 0.5
+
 # The attained-service queues' floors, as quantiles of the run times of the cluster's finished jobs.
 SERVICE_QUANTILES = (0.25, 0.5, 0.75, 0.9)
 # A queue speaks of the whole cluster's jobs, never so surely of one job (the spread weighed is at least this):
