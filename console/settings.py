@@ -240,7 +240,10 @@ SCHEDULER = {
     # percentile of the cluster's run times if that is shorter, never under an hour (0: ten days)
     "aging_long_run_multiple": env_float("CONSOLE_AGING_LONG_RUN_MULTIPLE", 4.5, minimum=0.0),
     # ... this many times slower for a job that declares its steps (ordered by its whole declared size)
-    "declared_aging_multiple": env_float("CONSOLE_DECLARED_AGING_MULTIPLE", 3.0, above=0.0),
+    "declared_aging_multiple": env_float("CONSOLE_DECLARED_AGING_MULTIPLE", 6.0, above=0.0),
+    # A gang that declares its steps may stop running jobs this many times narrower that declare theirs once their
+    # declared size is any larger (not 1.5x): PolicyConfig.gang_preempt_width (0: off)
+    "gang_preempt_width": env_float("CONSOLE_GANG_PREEMPT_WIDTH", 4.0, minimum=0.0),
     "borrowing": env_bool("CONSOLE_SCHEDULER_BORROWING", True),
     "backfill": env_bool("CONSOLE_SCHEDULER_BACKFILL", False),
     # A gang that the free GPUs hold in number but not on the fewest hosts moves up to this many running jobs

@@ -1,7 +1,7 @@
 """The order of jobs within a priority class: predicted remaining GPU-time, fair share, aging.
 
 score = remaining GPU-seconds x team penalty x user penalty / (1 + waited / aging_s); lower goes first. A job that
-declares its steps and has run counts its whole declared size until half of it is left (DECLARED_SIZE_FRACTION),
+declares its steps and has run counts its whole declared size until 40 % of it is left (DECLARED_SIZE_FRACTION),
 and ages slower (job_aging_s).
 The fair-share penalty follows Slurm's classic factor 2^(-usage/shares), turned into a multiplier:
 2 ** (weight x usage fraction / share fraction), so a team that used exactly its share pays 2x, an idle team 1x.
@@ -103,7 +103,8 @@ def job_aging_s(job: PendingJob | RunningJob, config: PolicyConfig) -> float:
     its whole declared size (DECLARED_SIZE_FRACTION), and long ones wait behind short ones by design; aged as fast as
     a job ordered by its attained service alone, the 18-hour gangs of 32 GPUs went ahead of the 8-GPU jobs of 48
     hours they outweigh (Muri trace3, exact declarations, this order at a fraction of a third: aging x1 55.4 h, x3
-    50.2 h, x10 50.7 h; x10 takes the p99 of the Pollux workloads at 1.5x load to 14.5 h, Tiresias' 13.9 h).
+    50.2 h, x10 50.7 h). With wide gangs' lower bar to preempt (preemption.shorter_ratio) and the fraction 0.4:
+    x4 49.1 h, x6 48.6 h, x10 48.5 h (p99 786 / 835 / 848 h; Tiresias 1,389 h); x20 at a half 49.6 / 1,037 h.
     """
     return config.aging_s if job.declared_steps is None else declared_aging_s(config)
 
@@ -118,11 +119,12 @@ def declared_aging_s(config: PolicyConfig) -> float:
 # A job that declares its steps and has run counts its whole declared size (steps x step time x GPUs) until its
 # remaining time is within this fraction of it, then remaining / fraction (service_estimate): shortest job first by
 # size, so that a long job preempted early does not go ahead of a shorter one, and a job near its end is not
-# stopped. Muri trace3, exact declarations (SRSF oracle 51.1 h): shortest remaining first 54.1 h; this order with
-# aging x3 for jobs that declare (job_aging_s) 50.8 h, partial 62.1 -> 60.3 h, noisy 62.4 -> 61.9 h; fractions 0.2
-# / 0.33: 49.4 / 50.2 h exact, but the Pollux workloads at 1.5x load with noisy declarations pay for a smaller one
-# (0.33: 0.839 h, p99 14.7 h; 0.5: 0.799 / 13.7 h; Tiresias 0.951 / 13.9 h; benchmarks/traces/muri/README.md).
-DECLARED_SIZE_FRACTION = 0.5
+# stopped. Muri trace3, exact declarations (SRSF oracle 51.1 h): shortest remaining first 54.1 h; this order at a
+# half with aging x3 for jobs that declare (job_aging_s) 50.8 h; at 0.4 with aging x6 and wide gangs' lower bar to
+# preempt (preemption.shorter_ratio) 48.6 h, partial 60.3 -> 57.4 h; fractions 0.2 / 0.33 gain a little more on
+# trace3 but the Pollux workloads at 1.5x load with noisy declarations pay for a smaller one (0.33: 0.839 h, p99
+# 14.7 h; 0.5: 0.799 / 13.7 h; Tiresias 0.951 / 13.9 h; benchmarks/traces/muri/README.md).
+DECLARED_SIZE_FRACTION = 0.4
 
 # The attained-service queues' floors, as quantiles of the run times of the cluster's finished jobs.
 SERVICE_QUANTILES = (0.25, 0.5, 0.75, 0.9)

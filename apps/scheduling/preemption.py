@@ -3,7 +3,7 @@
 Who may be stopped for whom (Kueue-like): a job borrowing beyond its team's quota, by any job of another team that
 is within its own quota (reclaim: no protection; borrowing was the deal); a job of the same team in
 a lower priority class; a job of the same team and class whose predicted remaining GPU-time is `ratio` times
-longer. The last two only once the victim has run its protected time (protected_run_s: the minimum run time,
+longer (shorter_ratio: barely longer for a much wider gang where both declare their steps). The last two only once the victim has run its protected time (protected_run_s: the minimum run time,
 rising with the preemptions it has taken, never a permanent cap).
 Victims are taken cheapest first: reclaimable borrowers, then lower classes, then the longest remaining.
 
@@ -88,16 +88,46 @@ def victim_kind(
         return RECLAIM
     if victim.protected or not running.preemptible or running.team != job.team:
         return None
-    return outranks(int(job.priority), job_score, int(running.priority), victim.score, config)
+    return outranks(int(job.priority), job_score, int(running.priority), victim.score, config,
+                    shorter_ratio(job, running, config))
+
+
+def shorter_ratio(job: PendingJob, running: RunningJob, config: PolicyConfig) -> float:
+    """How many times the waiting job's score the running job's must be for the first to stop it as shorter:
+    `srpt_preempt_ratio`, or `gang_preempt_ratio` for a gang at least `gang_preempt_width` times as wide as a job it
+    would stop, both declaring their steps (both ordered by declared size). Muri trace3, exact declarations, with the
+    aging of declared jobs x6 and DECLARED_SIZE_FRACTION 0.4: 50.5 h at 1.5 for all, 48.6 h so (the SRSF oracle
+    51.1 h; at loads 0.9 / 1.1: 37.0 / 60.6 h), as for gangs 2x as wide; 1.2 instead of 1.01: 50.4 h. Where a gang
+    is not wider, stopping a job for one barely shorter would trade a nearly equal job for the restart of the
+    other; the Pollux workloads (few wide jobs) move by 1 % either way (benchmarks/traces/muri/README.md)."""
+    if (
+        config.gang_preempt_width > 0
+        and job.declared_steps is not None
+        and running.declared_steps is not None
+        and job.gpus >= config.gang_preempt_width * running.gpus
+    ):
+        return min(config.gang_preempt_ratio, config.srpt_preempt_ratio)
+    return config.srpt_preempt_ratio
+
+
+def lowest_shorter_ratio(config: PolicyConfig) -> float:
+    """The least shorter_ratio can be under `config` (a bound that holds for any pair of jobs)."""
+    if config.gang_preempt_width > 0:
+        return min(config.gang_preempt_ratio, config.srpt_preempt_ratio)
+    return config.srpt_preempt_ratio
 
 
 def outranks(job_priority: int, job_score: float, victim_priority: int, victim_score: float,
-             config: PolicyConfig) -> str | None:
+             config: PolicyConfig, ratio: float | None = None) -> str | None:
     """Why a waiting job may stop a running job of its own team by their classes and scores (PRIORITY or SHORTER),
-    protection aside; None if it may not."""
+    protection aside; None if it may not. `ratio`: shorter_ratio of the two jobs (default `srpt_preempt_ratio`:
+    the start estimates' replay and the pass's wake-ups, which look at scores alone, do not foresee a gang's lower
+    bar)."""
     if config.priority_preemption and victim_priority < job_priority:
         return PRIORITY
-    if config.srpt_preemption and victim_priority == job_priority and victim_score > config.srpt_preempt_ratio * job_score:
+    if ratio is None:
+        ratio = config.srpt_preempt_ratio
+    if config.srpt_preemption and victim_priority == job_priority and victim_score > ratio * job_score:
         return SHORTER
     return None
 
@@ -159,7 +189,7 @@ class VictimIndex:
             total += sum(self.by_class.get((job.team, p), 0) for p in range(priority))
         if config.srpt_preemption:
             scores, suffix = self.scores.get((job.team, priority), ([], []))
-            first = bisect_right(scores, config.srpt_preempt_ratio * job_score)
+            first = bisect_right(scores, lowest_shorter_ratio(config) * job_score)
             total += suffix[first] if first < len(suffix) else 0
         return total
 

@@ -315,11 +315,11 @@ def test_the_aging_is_no_longer_than_four_and_a_half_of_the_clusters_long_runs()
 
 @pytest.mark.parametrize(("run_s", "first"), [(3000.0, 1), (3 * 86_400.0, 2)])
 def test_a_job_waiting_two_days_goes_first_where_runs_last_an_hour_not_where_they_last_days(run_s: float, first: int):
-    """A job declaring 4x the steps of a fresh one, waiting for two days: where the cluster's runs last 50
-    minutes that wait counts (aging 3.75 h, three times that for jobs that declare steps) and it takes the one GPU;
+    """A job declaring 3x the steps of a fresh one, waiting for two days: where the cluster's runs last 50
+    minutes that wait counts (aging 3.75 h, six times that for jobs that declare steps) and it takes the one GPU;
     where they last three days it does not (the configured ten days)."""
     now = 1_000_000.0
-    waited = pending(1, declared_steps=8_000, observed_step_s=1.0, submitted_at=now - 2 * 86_400)
+    waited = pending(1, declared_steps=6_000, observed_step_s=1.0, submitted_at=now - 2 * 86_400)
     fresh = pending(2, declared_steps=2_000, observed_step_s=1.0, submitted_at=now - 10)
     snap = replace(snapshot(hosts(1, 1), [waited, fresh], now=now), history=history_of_runs(run_s, MIN_SERVICE_HISTORY))
     assert [p.job_id for p in schedule(snap, PolicyConfig()).placements] == [first]
@@ -415,12 +415,12 @@ def test_biased_declarations_come_from_four_users_each_off_by_a_factor_of_their_
 
 
 @pytest.mark.parametrize(("done", "first"), [(2_000, 2), (8_000, 1)])
-def test_a_declared_job_goes_by_its_whole_size_until_half_of_it_is_left(done: int, first: int):
+def test_a_declared_job_goes_by_its_whole_size_until_40_percent_of_it_is_left(done: int, first: int):
     """Two waiting jobs of one user, one GPU: job 1 declared 10,000 steps and ran `done` of them before it was
     preempted, job 2 declares 9,000 and never ran (one step a second each). Shortest job first by declared size:
-    job 2 (9,000 s) goes ahead of job 1 (10,000 s) while job 1 has more than half of its steps left (8,000 of
-    them, which shortest-remaining would put first), and behind it once job 1 is within half of its end (2,000
-    left)."""
+    job 2 (9,000 s) goes ahead of job 1 (10,000 s) while job 1 has more than 40 % of its steps left (8,000 of
+    them, which shortest-remaining would put first), and behind it once job 1 is within 40 % of its end (2,000
+    left: valued 5,000 s)."""
     now = 1_000_000.0
     preempted = pending(
         1, declared_steps=10_000, steps_done=done, observed_step_s=1.0, attained_gpu_seconds=float(done),

@@ -152,6 +152,26 @@ def test_shortest_remaining_preemption_within_team_and_class():
     assert schedule(snap, PolicyConfig(srpt_preemption=False)).preemptions == ()
 
 
+@pytest.mark.parametrize(("gang_gpus", "config", "stops"), [
+    (4, PolicyConfig(), True),  # 4x as wide: stopped for a declared size any smaller (1.2x here)
+    (4, PolicyConfig(gang_preempt_width=0), False),  # the rule off: 1.5x smaller needed
+    (2, PolicyConfig(), False),  # 2x as wide only: 1.5x smaller needed
+])
+def test_a_wide_declared_gang_stops_narrow_declared_jobs_for_any_smaller_size(gang_gpus, config, stops):
+    """One-GPU jobs declaring 10,000 steps (one a second, an hour run: valued at their whole size, 10,000
+    GPU-seconds) fill the host; a gang declaring 8,000 GPU-seconds of steps waits. 1.2x shorter is not the 1.5x
+    that shortest-first preemption asks, but a gang 4x as wide as its victims stops them (shorter_ratio)."""
+    now = 100_000.0
+    victims = [
+        running(10 + i, (i,), declared_steps=10_000, observed_step_s=1.0, started_at=now - 3600,
+                submitted_at=now - 3600)
+        for i in range(gang_gpus)
+    ]
+    gang = pending(1, gang_gpus, declared_steps=8_000 // gang_gpus, observed_step_s=1.0, submitted_at=now - 10)
+    decisions = schedule(snapshot(hosts(1, gang_gpus), [gang], victims, now=now), config)
+    assert set(stopped(decisions)) == ({10 + i for i in range(gang_gpus)} if stops else set())
+
+
 def test_fifo_policy_is_the_first_come_first_served_pass():
     snap = snapshot(hosts(1, 1), [pending(2, submitted_at=5.0), pending(1, submitted_at=9.0)])
     assert [p.job_id for p in schedule(snap, PolicyConfig(policy="fifo")).placements] == [2]
