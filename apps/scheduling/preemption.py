@@ -3,8 +3,9 @@
 Who may be stopped for whom (Kueue-like): a job borrowing beyond its team's quota, by any job of another team that
 is within its own quota (reclaim: no protection; borrowing was the deal); a job of the same team in
 a lower priority class; a job of the same team and class whose predicted remaining GPU-time is `ratio` times
-longer (shorter_ratio: barely longer for a much wider gang where both declare their steps). The last two only once the victim has run its protected time (protected_run_s: the minimum run time,
-rising with the preemptions it has taken, never a permanent cap).
+longer (shorter_ratio: barely longer for a much wider gang where both declare their steps). The last two only once
+the victim has run its protected time (protected_run_s: the minimum run time, rising with the preemptions it has
+taken, never a permanent cap).
 Victims are taken cheapest first: reclaimable borrowers, then lower classes, then the longest remaining.
 
 A service's replica is never stopped for a job of the same priority unless another replica of that service stays
