@@ -32,6 +32,8 @@ from apps.scheduling.types import PendingJob, RunningJob, Snapshot
 RECLAIM = "reclaim"
 PRIORITY = "priority"
 SHORTER = "shorter"
+# (a SHORTER that only a wide gang's lower bar allows: shorter_ratio)
+GANG = "gang"
 
 
 def with_learned_protection(config: PolicyConfig, history: RuntimeHistory | None) -> PolicyConfig:
@@ -89,8 +91,11 @@ def victim_kind(
         return RECLAIM
     if victim.protected or not running.preemptible or running.team != job.team:
         return None
-    return outranks(int(job.priority), job_score, int(running.priority), victim.score, config,
-                    shorter_ratio(job, running, config))
+    ratio = shorter_ratio(job, running, config)
+    kind = outranks(int(job.priority), job_score, int(running.priority), victim.score, config, ratio)
+    if kind == SHORTER and victim.score <= config.srpt_preempt_ratio * job_score:
+        return GANG
+    return kind
 
 
 def shorter_ratio(job: PendingJob, running: RunningJob, config: PolicyConfig) -> float:
@@ -373,7 +378,7 @@ def plan_preemption(
     for state in states if candidates is None else candidates:
         kind = victim_kind(state, job, job_score, within_quota, config)
         group = state.job.service_group
-        if kind == SHORTER and group is not None:
+        if kind in (SHORTER, GANG) and group is not None:
             if spare is None:
                 spare = _spare_replicas(states)
             if spare.get(group, 0) <= 0 if state.job.started else group not in spare:

@@ -55,6 +55,7 @@ from apps.scheduling.prediction import (
     predict_remaining,
 )
 from apps.scheduling.preemption import (
+    GANG,
     PRIORITY,
     RECLAIM,
     SHORTER,
@@ -82,6 +83,8 @@ PREEMPTION_REASONS = {
     RECLAIM: "GPUs borrowed beyond team {team}'s quota were reclaimed by job {job} of team {other}",
     PRIORITY: "stopped for higher-priority job {job} ({priority}) of team {other}",
     SHORTER: "stopped for job {job}, predicted to finish much sooner",
+    GANG: "stopped for job {job}, a much wider gang whose declared size is smaller (it would otherwise wait for "
+          "several running jobs to end at once)",
 }
 BUDGET_STOP = "team {team}'s monthly GPU-hour budget is spent and the team stops its jobs when it is (checkpoint and stop)"
 

@@ -170,6 +170,7 @@ def test_a_wide_declared_gang_stops_narrow_declared_jobs_for_any_smaller_size(ga
     gang = pending(1, gang_gpus, declared_steps=8_000 // gang_gpus, observed_step_s=1.0, submitted_at=now - 10)
     decisions = schedule(snapshot(hosts(1, gang_gpus), [gang], victims, now=now), config)
     assert set(stopped(decisions)) == ({10 + i for i in range(gang_gpus)} if stops else set())
+    assert all("a much wider gang whose declared size is smaller" in why for why in stopped(decisions).values())
 
 
 def test_fifo_policy_is_the_first_come_first_served_pass():
