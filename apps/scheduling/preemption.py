@@ -106,19 +106,16 @@ def shorter_ratio(job: PendingJob, running: RunningJob, config: PolicyConfig) ->
     51.1 h; at loads 0.9 / 1.1: 37.0 / 60.6 h), as for gangs 2x as wide; 1.2 instead of 1.01: 50.4 h. Where a gang
     is not wider, stopping a job for one barely shorter would trade a nearly equal job for the restart of the
     other; the Pollux workloads (few wide jobs) move by 1 % either way (benchmarks/traces/muri/README.md)."""
-    if (
-        config.gang_preempt_width > 0
-        and job.declared_steps is not None
-        and running.declared_steps is not None
-        and job.gpus >= config.gang_preempt_width * running.gpus
-    ):
-        return min(config.gang_preempt_ratio, config.srpt_preempt_ratio)
+    if running.declared_steps is not None and job.gpus >= config.gang_preempt_width * running.gpus:
+        return least_shorter_ratio(job, config)
     return config.srpt_preempt_ratio
 
 
-def lowest_shorter_ratio(config: PolicyConfig) -> float:
-    """The least shorter_ratio can be under `config` (a bound that holds for any pair of jobs)."""
-    if config.gang_preempt_width > 0:
+def least_shorter_ratio(job: PendingJob, config: PolicyConfig) -> float:
+    """The least shorter_ratio `job` can have against any running job: the gangs' bar only for a job that declares
+    its steps and is at least `gang_preempt_width` GPUs wide (the victim index's bound: a narrower job's victim
+    searches stay skipped as before)."""
+    if config.gang_preempt_width > 0 and job.declared_steps is not None and job.gpus >= config.gang_preempt_width:
         return min(config.gang_preempt_ratio, config.srpt_preempt_ratio)
     return config.srpt_preempt_ratio
 
@@ -195,7 +192,7 @@ class VictimIndex:
             total += sum(self.by_class.get((job.team, p), 0) for p in range(priority))
         if config.srpt_preemption:
             scores, suffix = self.scores.get((job.team, priority), ([], []))
-            first = bisect_right(scores, lowest_shorter_ratio(config) * job_score)
+            first = bisect_right(scores, least_shorter_ratio(job, config) * job_score)
             total += suffix[first] if first < len(suffix) else 0
         return total
 
