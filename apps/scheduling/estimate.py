@@ -80,6 +80,8 @@ class Waiting:
     moved_order: Order | None = None
     # The aging time its score was boosted over (ordering.job_aging_s; 0: none), which expected_arrivals undoes.
     aging_s: float = 0.0
+    # It declares its steps (the gangs' lower bar to stop a job: preemption.stop_ratio).
+    declared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,13 +150,13 @@ def start_times(
     releases: list[Release],
     queue: list[Waiting],
     arrivals: Sequence[tuple[float, Waiting]] = (),
-    may_stop: Callable[[Order, Order], bool] | None = None,
+    may_stop: Callable[[Waiting, Waiting], bool] | None = None,
 ) -> dict[int, tuple[float, float] | None]:
     """job id -> (its estimated start, the confidence in it) (None: it never starts on the predicted future, e.g. a
     job wider than its team's quota); plain tuples, cheaper to make than ten thousand Estimates. `team_room`: quota
     units each team has left now (may be negative); `user_room`: the same for users with a cap (others have none).
     `arrivals`: (when, job) expected to be submitted (expected_arrivals), each joining the queue then with the
-    order it carries. `may_stop(job's order, victim's order)`: whether a waiting job may stop a running one of its
+    order it carries. `may_stop(job, victim as it would wait again)`: whether a waiting job may stop a running one of its
     team that a release says it may stop (Release.stop_from); without it, any job ranked before the victim may.
 
     At each moment the job to start is the first in queue order, among the buckets' first jobs, that fits. The
@@ -398,7 +400,8 @@ def start_times(
                 for n in team_victims[job.team]:
                     if gpus >= job.gpus and units >= job.units or victims[n][1] <= first_rank:
                         break
-                    if may_stop is None or may_stop(job.order, victims[n][3]):
+                    requeue = victims[n][0].requeue
+                    if may_stop is None or requeue is None or may_stop(job, requeue):
                         chosen.append(n)
                         gpus += victims[n][0].gpus
                         units += victims[n][0].units

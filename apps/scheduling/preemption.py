@@ -106,26 +106,38 @@ def shorter_ratio(job: PendingJob, running: RunningJob, config: PolicyConfig) ->
     51.1 h; at loads 0.9 / 1.1: 37.0 / 60.6 h), as for gangs 2x as wide; 1.2 instead of 1.01: 50.4 h. Where a gang
     is not wider, stopping a job for one barely shorter would trade a nearly equal job for the restart of the
     other; the Pollux workloads (few wide jobs) move by 1 % either way (benchmarks/traces/muri/README.md)."""
-    if running.declared_steps is not None and job.gpus >= config.gang_preempt_width * running.gpus:
-        return least_shorter_ratio(job, config)
+    return stop_ratio(job.gpus, job.declared_steps is not None, running.gpus, running.declared_steps is not None,
+                      config)
+
+
+def stop_ratio(job_gpus: int, job_declares: bool, victim_gpus: int, victim_declares: bool,
+               config: PolicyConfig) -> float:
+    """shorter_ratio by what it looks at (the start estimates' replay has no PendingJob or RunningJob)."""
+    width = gang_bar_width(victim_gpus, config)
+    if width is not None and job_declares and victim_declares and job_gpus >= width:
+        return min(config.gang_preempt_ratio, config.srpt_preempt_ratio)
     return config.srpt_preempt_ratio
+
+
+def gang_bar_width(victim_gpus: int, config: PolicyConfig) -> float | None:
+    """The fewest GPUs a waiting job that declares its steps must ask for to stop a running one of `victim_gpus`
+    that declares its own at the gangs' lower bar (shorter_ratio); None: no such bar."""
+    if config.gang_preempt_width <= 0:
+        return None
+    return config.gang_preempt_width * max(1, victim_gpus)
 
 
 def least_shorter_ratio(job: PendingJob, config: PolicyConfig) -> float:
     """The least shorter_ratio `job` can have against any running job: the gangs' bar only for a job that declares
     its steps and is at least `gang_preempt_width` GPUs wide (the victim index's bound: a narrower job's victim
     searches stay skipped as before)."""
-    if config.gang_preempt_width > 0 and job.declared_steps is not None and job.gpus >= config.gang_preempt_width:
-        return min(config.gang_preempt_ratio, config.srpt_preempt_ratio)
-    return config.srpt_preempt_ratio
+    return stop_ratio(job.gpus, job.declared_steps is not None, 1, True, config)
 
 
 def outranks(job_priority: int, job_score: float, victim_priority: int, victim_score: float,
              config: PolicyConfig, ratio: float | None = None) -> str | None:
     """Why a waiting job may stop a running job of its own team by their classes and scores (PRIORITY or SHORTER),
-    protection aside; None if it may not. `ratio`: shorter_ratio of the two jobs (default `srpt_preempt_ratio`:
-    the start estimates' replay and the pass's wake-ups, which look at scores alone, do not foresee a gang's lower
-    bar)."""
+    protection aside; None if it may not. `ratio`: shorter_ratio of the two jobs (default `srpt_preempt_ratio`)."""
     if config.priority_preemption and victim_priority < job_priority:
         return PRIORITY
     if ratio is None:

@@ -129,6 +129,27 @@ def test_running_jobs_are_stopped_together_for_the_job_their_gpus_let_start():
     assert decisions.pending[1].estimated_start == pytest.approx(now + 100)
 
 
+@pytest.mark.parametrize(("gang_gpus", "config", "wait_s"), [
+    (4, PolicyConfig(min_run_before_preempt_s=600), 100),  # 4x as wide: it stops them once they have run 600 s
+    (2, PolicyConfig(min_run_before_preempt_s=600), 10_000),  # 2x only: 1.2x smaller is not enough, their ends
+    (4, PolicyConfig(min_run_before_preempt_s=600, gang_preempt_width=0), 10_000),  # the rule off
+])
+def test_a_wide_declared_gang_is_estimated_to_stop_narrow_declared_jobs_as_the_pass_would(gang_gpus, config,
+                                                                                          wait_s):
+    """One-GPU jobs with 10,000 declared steps left (one a second) that have run 500 s fill the host; a gang
+    declaring 1.2x less GPU-time waits. The pass may stop them for it only if it is gang_preempt_width times as
+    wide (preemption.shorter_ratio), once they have run their minimum time: the estimate follows the same rule."""
+    now = 100_000.0
+    victims = [running(10 + i, (i,), declared_steps=10_500, steps_done=500, observed_step_s=1.0, steps_reported_at=now,
+                       started_at=now - 500, submitted_at=now - 500) for i in range(gang_gpus)]
+    gang = pending(1, gang_gpus, declared_steps=8_000 // gang_gpus, observed_step_s=1.0, submitted_at=now - 10)
+    decisions = schedule(snapshot(hosts(1, gang_gpus), [gang], victims, now=now), config)
+    assert not decisions.preemptions
+    assert decisions.pending[1].estimated_start == pytest.approx(now + wait_s)
+    later = schedule(snapshot(hosts(1, gang_gpus), [gang], victims, now=now + 100), config)  # as the pass then does
+    assert len(later.preemptions) == (gang_gpus if wait_s == 100 else 0)
+
+
 def test_a_running_job_is_expected_to_be_stopped_once_it_moves_on_to_a_longer_queue():
     """Without declarations: half the finished runs took 100 s and half a day. A job that has run 50 s is in the
     first attained-service queue, as short as the waiting job, so no victim now; at 100 s it moves on to a queue
