@@ -114,7 +114,8 @@ def test_an_urgent_job_preempts_a_container_job_which_resumes_from_its_checkpoin
     assert int(resumed.group(1)) >= 30
     again = cluster.job(low["id"])
     assert again["state"] == "running" and again["preemption_count"] == 1 and again["attempts"] == 2
-    assert len(containers_of(HOST)) == 1  # the first attempt's container is gone
+    # the first attempt's and the urgent job's containers go (each removed after its end is reported)
+    cluster.wait_for(lambda: len(containers_of(HOST)) == 1, timeout=60, what="only the resumed job's container left")
     cluster.admin().post(f"/api/v1/jobs/{low['id']}/cancel/", json={})
     cluster.wait_state(low["id"], {"cancelled"})
     cluster.wait_for(lambda: not containers_of(HOST), timeout=60, what="the cancelled job's container to go")
