@@ -237,3 +237,28 @@ def test_gpuctl_submit_wait_streams_the_training_log_and_exits_0(cluster, tmp_pa
     assert submit.returncode == 0, submit.stderr + submit.stdout
     assert "preset amp-bf16" in submit.stdout and "step 8/8" in submit.stdout
     assert "succeeded" in submit.stderr
+
+
+def test_a_job_without_an_image_runs_in_its_uploaded_code_with_its_variables(cluster, tmp_path):
+    """The process backend gives a job its spec's code (fetched into its folder, the working directory) and plain
+    variables, as the container backend does (secrets and volumes need an image: tests/jobs/test_job_environment.py)."""
+    from workers import codepack
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "main.py").write_text("import os, pathlib\n"
+                                  "print('greeting=' + os.environ['GREETING'])\n"
+                                  "print('data=' + pathlib.Path('data.txt').read_text())\n")
+    (code / "data.txt").write_text("from-the-snapshot")
+    with codepack.pack(code) as packed:
+        upload = cluster.admin().post("/api/v1/code-snapshots/", data={"team": "it"},
+                                      files={"archive": ("code.tar.gz", packed.path.read_bytes())})
+    assert upload.status_code == 201, upload.text
+    job = cluster.submit(gpus=1, gpu_type="H200", env={"GREETING": "hello-from-env"},
+                         code={"snapshot": upload.json()["id"]}, workload={"command": [PY, "main.py"]})
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    log = cluster.log(job["id"])
+    assert done["state"] == "succeeded", log
+    assert "greeting=hello-from-env" in log and "data=from-the-snapshot" in log
+    assert done["backend"] == "process"
+

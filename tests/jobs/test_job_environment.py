@@ -65,6 +65,25 @@ def test_a_full_spec_is_stored_and_shown(team_things, client_for):
     assert "s3cr3t" not in str(list(JobEvent.objects.values()))
 
 
+@pytest.mark.parametrize("field", ["secrets", "mounts"])
+def test_secrets_and_volumes_need_an_image(team_things, client_for, field):
+    """A job without an image runs as processes on the host, which get its env and code but no secret or volume:
+    asking for one is a 400 naming the field, never a job that runs without it."""
+    spec = container_spec(image="", shm_gb=None)
+    spec.pop("secrets" if field == "mounts" else "mounts")
+    response = client_for(team_things.member).post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 400
+    assert set(response.json()) == {field} and "give an image too" in response.json()[field][0]
+    assert not Job.objects.exists()
+
+
+def test_env_and_code_go_without_an_image(team_things, client_for):
+    spec = container_spec(image="", shm_gb=None, secrets=[], mounts=[])
+    response = client_for(team_things.member).post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 201, response.content
+    assert Job.objects.get().env == {"LR": "0.1", "_X1": ""}
+
+
 def test_a_job_without_an_environment_is_as_before(world, client_for):
     response = client_for(world.member).post("/api/v1/jobs/", train_spec(), format="json")
     assert response.status_code == 201

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from workers.agent import codefetch
 from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected
 from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
@@ -535,15 +536,19 @@ class JobRunner:
                 finally:
                     os.close(env_fd)
             else:
-                command, env = self._host_command(job, argv)
+                cwd = self._fetch_code(job)
+                command, env = self._host_command(job, argv, cwd)
                 job.process = self._launcher.popen(
-                    command, cwd=job.home, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
-        except (OSError, ValueError, ContainerError) as exc:
+        except (OSError, ValueError, ContainerError, codefetch.CodeError) as exc:
             if local_log is not None:
                 local_log.close()
-            reason = str(exc) if isinstance(exc, ContainerError) else f"could not start the job: {exc}"
+            if isinstance(exc, codefetch.CodeError):
+                reason = f"could not fetch the job's code: {exc}"
+            else:
+                reason = str(exc) if isinstance(exc, ContainerError) else f"could not start the job: {exc}"
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._send_log(job, f"[agent] {reason}\n")
             state = job.stop_state or "failed"  # stopped while it was starting (a pull): that is the end
@@ -576,15 +581,31 @@ class JobRunner:
         status.details["exited_at"] = exited_at  # (the console keeps it with the end's event)
         self._finish(job, status)
 
-    def _host_command(self, job: JobProcess, argv: list[str]) -> tuple[list[str], dict[str, str]]:
-        """The shim's argv and environment that run `argv` as processes on this host (the process backend)."""
+    def _fetch_code(self, job: JobProcess) -> Path:
+        """The process backend's working directory for the job: its home, or its code (an uploaded snapshot or a
+        git checkout, as the container backend's) fetched into `code` there, its user's. Raises CodeError."""
+        assert job.home is not None
+        spec = job.dispatch.container.code
+        if spec is None:
+            return job.home
+        code = job.home / "code"
+        code.mkdir(mode=0o700)
+        fetched = codefetch.fetch(spec, code, console_url=self.console_url, job_token=job.dispatch.job_token)
+        self._send_log(job, f"[agent] {fetched}\n")
+        if job.user is not None:
+            _chown_tree(code, job.user.uid, job.user.gid)
+        return code
+
+    def _host_command(self, job: JobProcess, argv: list[str], cwd: Path) -> tuple[list[str], dict[str, str]]:
+        """The shim's argv and environment that run `argv` in `cwd` as processes on this host (the process
+        backend)."""
         assert job.home is not None
         env = self.environment(job)
         view_options: list[str] = []
         if job.user is not None:
             _write_private(job.workdir / "view.json", self.view(job).to_json())
             view_options = ["--view", str(job.workdir / "view.json")]
-        if shutil.which(argv[0], path=env.get("PATH")) is None and not (job.home / argv[0]).is_file():
+        if shutil.which(argv[0], path=env.get("PATH")) is None and not (cwd / argv[0]).is_file():
             raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
         job.cgroup = self.cgroups.for_job(job.dispatch)
         shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
@@ -827,6 +848,9 @@ class JobRunner:
         assert job.home is not None
         env = {k: v for k, v in os.environ.items()
                if k in JOB_ENV_NAMES or k in self.pass_env or k.startswith(JOB_ENV_PREFIXES)}
+        # The spec's plain variables (checked at submission: none of the agent's own), then what the agent sets, as
+        # a container gets them (containers.py).
+        env.update(dispatch.container.env)
         if job.user is not None:
             env.update(HOME=str(job.home), USER=job.user.name, LOGNAME=job.user.name, TMPDIR=str(job.home / "tmp"))
         else:
