@@ -122,9 +122,11 @@ class JobSubmitForm(forms.Form):
     env = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Environment variables",
                           help_text="One NAME=value per line.")
     secrets = forms.CharField(required=False, label="Team secrets",
-                              help_text="Names of the team's secrets, separated by spaces or commas.")
+                              help_text="Names of the team's secrets, separated by spaces or commas (with an "
+                                        "image only).")
     mounts = forms.CharField(required=False, label="Volumes",
-                             help_text="Names of volumes the team may use, separated by spaces or commas.")
+                             help_text="Names of volumes the team may use, separated by spaces or commas (with an "
+                                       "image only).")
     code_snapshot = forms.CharField(required=False, label="Code snapshot",
                                     help_text="The id of an uploaded code snapshot (gpuctl submit --code .).")
     git_url = forms.CharField(required=False, label="Git repository", help_text="https://, ssh:// or git:// URL.")
