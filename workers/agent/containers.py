@@ -293,7 +293,7 @@ class ContainerRuntime:
     def prepare(self, job: JobProcess, runner: JobRunner, log: Callable[[str], None]) -> list[list[str]]:
         """Everything before the container starts: mounts checked, code fetched, image pulled. Returns the
         `run` options of the job's own binds. Raises ContainerError."""
-        dispatch, spec = job.dispatch, job.dispatch.container
+        spec = job.dispatch.container
         assert job.container is not None and job.home is not None and job.user is not None
         binds = [_bind(job.home, CONTAINER_HOME, read_only=False)]
         for folder, target in zip(runner._artifact_folders(job), (CONTAINER_CHECKPOINTS, CONTAINER_OUTPUTS),
@@ -305,16 +305,10 @@ class ContainerRuntime:
         binds += [self._admin_mount(mount) for mount in spec.mounts]
         if spec.code is not None:
             code = job.workdir / "code"
-            code.mkdir(mode=0o700)
             try:
-                fetched = codefetch.fetch(spec.code, code, console_url=runner.console_url,
-                                          job_token=dispatch.job_token)
+                runner.fetch_code(job, code)
             except codefetch.CodeError as exc:
-                raise ContainerError(f"could not fetch the job's code: {exc}") from None
-            log(f"[agent] {fetched}\n")
-            from workers.agent.runner import _chown_tree
-
-            _chown_tree(code, job.user.uid, job.user.gid)
+                raise ContainerError(str(exc)) from None
             binds.append(_bind(code, CODE_PATH, read_only=False))
         if not job.container.resolved:
             self.pull(spec.image, log, runner._launcher.popen, stopped=lambda: job.stop_state is not None)

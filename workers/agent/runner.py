@@ -536,7 +536,10 @@ class JobRunner:
                 finally:
                     os.close(env_fd)
             else:
-                cwd = self._fetch_code(job)
+                cwd = job.home
+                if dispatch.container.code is not None:
+                    cwd = job.home / "code"
+                    self.fetch_code(job, cwd)
                 command, env = self._host_command(job, argv, cwd)
                 job.process = self._launcher.popen(
                     command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -545,10 +548,8 @@ class JobRunner:
         except (OSError, ValueError, ContainerError, codefetch.CodeError) as exc:
             if local_log is not None:
                 local_log.close()
-            if isinstance(exc, codefetch.CodeError):
-                reason = f"could not fetch the job's code: {exc}"
-            else:
-                reason = str(exc) if isinstance(exc, ContainerError) else f"could not start the job: {exc}"
+            told = isinstance(exc, (ContainerError, codefetch.CodeError))  # (their text is the reason)
+            reason = str(exc) if told else f"could not start the job: {exc}"
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._send_log(job, f"[agent] {reason}\n")
             state = job.stop_state or "failed"  # stopped while it was starting (a pull): that is the end
@@ -581,20 +582,19 @@ class JobRunner:
         status.details["exited_at"] = exited_at  # (the console keeps it with the end's event)
         self._finish(job, status)
 
-    def _fetch_code(self, job: JobProcess) -> Path:
-        """The process backend's working directory for the job: its home, or its code (an uploaded snapshot or a
-        git checkout, as the container backend's) fetched into `code` there, its user's. Raises CodeError."""
-        assert job.home is not None
-        spec = job.dispatch.container.code
-        if spec is None:
-            return job.home
-        code = job.home / "code"
+    def fetch_code(self, job: JobProcess, code: Path) -> None:
+        """Fetch the job's code (an uploaded snapshot or a git checkout) into the new folder `code`, its user's:
+        the process backend's working directory, a container's CODE_PATH. Raises CodeError with the reason."""
+        assert job.dispatch.container.code is not None
         code.mkdir(mode=0o700)
-        fetched = codefetch.fetch(spec, code, console_url=self.console_url, job_token=job.dispatch.job_token)
+        try:
+            fetched = codefetch.fetch(job.dispatch.container.code, code, console_url=self.console_url,
+                                      job_token=job.dispatch.job_token)
+        except codefetch.CodeError as exc:
+            raise codefetch.CodeError(f"could not fetch the job's code: {exc}") from None
         self._send_log(job, f"[agent] {fetched}\n")
         if job.user is not None:
             _chown_tree(code, job.user.uid, job.user.gid)
-        return code
 
     def _host_command(self, job: JobProcess, argv: list[str], cwd: Path) -> tuple[list[str], dict[str, str]]:
         """The shim's argv and environment that run `argv` in `cwd` as processes on this host (the process
