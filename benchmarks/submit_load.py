@@ -151,7 +151,8 @@ def main() -> None:
                                 capture_output=True, text=True).stdout.strip()
     processes = [
         subprocess.Popen([sys.executable, "-m", "uvicorn", "console.asgi:application", "--port", str(port),
-                          "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
+                          "--workers", str(args.workers), "--log-level", "warning", "--no-access-log",
+                          "--timeout-keep-alive", "75"],
                          cwd=ROOT, env=env, start_new_session=True),
     ]
     if not args.no_worker:

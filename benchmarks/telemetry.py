@@ -308,7 +308,7 @@ class Console:
         elif not self.args.no_hub_watch:
             argv = [self.python, "-c", HUB_WATCH, str(self.hub_watch_file)]
         argv += ["console.asgi:application", "--host", "127.0.0.1", "--port", str(self.port), "--log-level",
-                 "warning", "--no-access-log"]
+                 "warning", "--no-access-log", "--timeout-keep-alive", "75"]
         log = (self.base / "uvicorn.log").open("ab")
         self.process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)

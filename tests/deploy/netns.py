@@ -259,7 +259,7 @@ class NetnsCluster:
             self.manage("issue_host_token", name, "--output", str(var / f"token-{name}"))
         self._spawn("web", "ns-console", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host",
                                           CONSOLE_ADDR, "--port", str(CONSOLE_PORT), "--workers", "2",
-                                          "--log-level", "warning"])
+                                          "--log-level", "warning", "--no-proxy-headers", "--timeout-keep-alive", "75"])
         self._spawn("worker", "ns-console", [sys.executable, "-m", "celery", "-A", "console", "worker", "--beat",
                                              "--queues", "console", "--concurrency", "1", "--loglevel", "INFO",
                                              "-s", str(var / "beat-schedule")])

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from rest_framework.test import APIClient
 
@@ -204,6 +205,15 @@ def test_every_recipe_runs_uvicorn_without_its_proxy_headers():
         assert "--no-proxy-headers" in command and "forwarded-allow-ips" not in command, command
 
 
+def test_every_recipe_keeps_idle_connections_longer_than_its_clients_pools():
+    # uvicorn's own keep-alive (5 s) equals httpx's pool expiry (the agents', gpuctl's, the tests'): the server could
+    # close an idle connection just as a client sent its next request on it, which then fails with no response.
+    expiry = httpx.Limits().keepalive_expiry
+    for command in uvicorn_commands():
+        found = re.search(r"--timeout-keep-alive\W+(\d+)", command)
+        assert found and expiry is not None and int(found[1]) > 2 * expiry, command
+
+
 # --- 3. the websocket Origin check compares scheme, host and port
 
 
@@ -320,7 +330,7 @@ def test_the_asgi_servers_log_never_shows_a_ticket(tmp_path):
     # As the recipes start it, with the access log on (uvicorn's default level, info).
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--no-proxy-headers", "--log-level", "info"],
+         "--no-proxy-headers", "--timeout-keep-alive", "75", "--log-level", "info"],
         cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # uvicorn binds its socket after the application's startup: "running on" is the line that says it listens.

@@ -222,7 +222,8 @@ class LiveCluster:
         self.setup()
         var = self.base / "var"
         self._spawn("web", [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-                            "--port", str(self.port), "--log-level", "warning", "--no-proxy-headers"])
+                            "--port", str(self.port), "--log-level", "warning", "--no-proxy-headers",
+                            "--timeout-keep-alive", "75"])
         self._spawn("worker", [sys.executable, "-m", "celery", "-A", "console", "worker", "--beat", "--queues",
                                "console", "--concurrency", "1", "--loglevel", "INFO", "-s",
                                str(var / "beat-schedule")])
