@@ -8,6 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+
+from workers.agent.client import ConsoleClient, ConsoleRejected, transient
 from workers.agent.progress import evenly, forwarded
 from workers.agent.runner import JobProcess, JobRunner
 from workers.protocol import Dispatch, JobEnvironment, ServingProgress, TrainingProgress
@@ -72,3 +76,81 @@ def test_the_agent_sets_the_environment_the_runtime_reads(tmp_path: Path, monkey
     assert (env.api_url, env.job_token) == ("http://console:8000/api/v1/job/", "tok")
     without = JobEnvironment.from_env(runner.environment(JobProcess(dispatch(), tmp_path / "work")))
     assert (without.max_steps, without.api_url, without.job_token) == (None, "", "")
+
+
+class FlakyClient(RecordingClient):
+    """A console that fails the next `failures` posts as given (a transport error, a refusal)."""
+
+    def __init__(self, failures: list[Exception], fail_kind: str = "records") -> None:
+        super().__init__()
+        self.failures = failures
+        self.fail_kind = fail_kind
+
+    def _maybe_fail(self, kind: str) -> None:
+        if kind == self.fail_kind and self.failures:
+            raise self.failures.pop(0)
+
+    def progress(self, job_id: int, attempt: int, record: dict[str, Any]) -> None:
+        self._maybe_fail(record.get("type", ""))
+        super().progress(job_id, attempt, record)
+
+    def progress_records(self, job_id: int, attempt: int, records: list[dict[str, Any]]) -> None:
+        self._maybe_fail("records")
+        super().progress_records(job_id, attempt, records)
+
+
+def progress_file(tmp_path: Path, *records: dict[str, Any]) -> Path:
+    path = tmp_path / "progress.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def runner_and_job(client: RecordingClient, tmp_path: Path) -> tuple[JobRunner, JobProcess]:
+    runner = JobRunner(client, work_root=tmp_path / "work", artifacts_root=tmp_path / "artifacts")  # type: ignore[arg-type]
+    return runner, JobProcess(dispatch(), tmp_path / "work")
+
+
+def test_records_the_console_did_not_take_are_sent_again_on_the_next_tick(tmp_path: Path) -> None:
+    client = FlakyClient([httpx.RemoteProtocolError("Server disconnected without sending a response.")])
+    runner, job = runner_and_job(client, tmp_path)
+    path = progress_file(tmp_path, {"type": "progress", "step": 1, "loss": 2.0},
+                         {"type": "progress", "step": 2, "loss": 1.0})
+    assert runner._send_progress(job, path, 0) == 0 and client.sent == []  # kept in the file
+    assert runner._send_progress(job, path, 0) == len(path.read_bytes())
+    assert [record["step"] for record in client.sent] == [1, 2]  # once each
+
+
+def test_records_refused_for_good_are_not_sent_again(tmp_path: Path) -> None:
+    client = FlakyClient([ConsoleRejected("the job moved on")])
+    runner, job = runner_and_job(client, tmp_path)
+    path = progress_file(tmp_path, {"type": "progress", "step": 1, "loss": 2.0})
+    assert runner._send_progress(job, path, 0) == len(path.read_bytes()) and client.sent == []
+
+
+def test_final_metrics_not_sent_do_not_send_the_training_records_twice(tmp_path: Path) -> None:
+    client = FlakyClient([httpx.ConnectError("console down")], fail_kind="result")
+    runner, job = runner_and_job(client, tmp_path)
+    path = progress_file(tmp_path, {"type": "progress", "step": 1, "loss": 2.0}, {"type": "result", "acc": 0.9})
+    assert runner._send_progress(job, path, 0) == len(path.read_bytes())
+    assert client.sent == [{"type": "progress", "step": 1, "loss": 2.0}]
+
+
+def test_the_client_sends_a_progress_post_again_after_a_transient_failure() -> None:
+    answers: list[Exception | int] = [httpx.RemoteProtocolError("Server disconnected without sending a response."),
+                                      200, 503, 503, 503]
+    seen: list[bytes] = []
+
+    def console(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return httpx.Response(answer, json={})
+
+    client = ConsoleClient("http://console", "token", transport=httpx.MockTransport(console))
+    client.progress_records(7, 2, [{"type": "progress", "step": 1}])
+    assert len(seen) == 2 and seen[0] == seen[1]
+    with pytest.raises(httpx.HTTPStatusError) as failed:
+        client.progress_records(7, 2, [{"type": "progress", "step": 2}])
+    assert transient(failed.value) and len(seen) == 5
+    assert not transient(ConsoleRejected("moved on")) and transient(httpx.ConnectError("down"))

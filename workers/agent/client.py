@@ -21,6 +21,18 @@ class AgentConfigError(Exception):
     """The console refuses this agent (bad token, protocol mismatch): retrying will not help."""
 
 
+# Tries of a progress post (0.5 s, then 1 s apart): a connection the server closed as it was reused, a console
+# restarting. Past them the caller keeps the records in the job's progress file and sends them on its next tick.
+PROGRESS_ATTEMPTS = 3
+
+
+def transient(exc: Exception) -> bool:
+    """Whether a failed post may succeed if sent again: the console unreachable, or its own error (5xx)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
 class ConsoleClient:
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 10.0, transport: Any = None) -> None:
         self._http = httpx.Client(
@@ -77,11 +89,13 @@ class ConsoleClient:
         return self._post("telemetry/", batch)
 
     def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> None:
-        self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "progress": progress})
+        self._post_retrying(f"jobs/{job_id}/progress/", {"attempt": attempt, "progress": progress},
+                            attempts=PROGRESS_ATTEMPTS)
 
     def progress_records(self, job_id: int, attempt: int, records: list[dict[str, Any]]) -> None:
         """Training records in the order the job wrote them (the console keeps them as the job's metrics)."""
-        self._post(f"jobs/{job_id}/progress/", {"attempt": attempt, "records": records})
+        self._post_retrying(f"jobs/{job_id}/progress/", {"attempt": attempt, "records": records},
+                            attempts=PROGRESS_ATTEMPTS)
 
     def job_secrets(self, job_id: int, attempt: int, *, attempts: int = 5) -> dict[str, str]:
         """The values of the job's team secrets, for its attempt `attempt` on this host (never in the dispatch).

@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 from workers.agent import codefetch
 from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
-from workers.agent.client import ConsoleClient, ConsoleRejected
+from workers.agent.client import ConsoleClient, ConsoleRejected, transient
 from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
 from workers.agent.progress import forwarded
 from workers.agent.sandbox import FilesystemView, plan_view
@@ -724,8 +724,10 @@ class JobRunner:
                     self._send_log(job, "".join(pending))
                     pending, pending_size, last_flush = [], 0, now
                 if eof or now - last_progress >= PROGRESS_INTERVAL_S:
-                    progress_offset = self._send_progress(job, progress_file, progress_offset)
-                    last_progress = now
+                    sent_to = self._send_progress(job, progress_file, progress_offset)
+                    while eof and progress_offset < sent_to:  # the end: all of the file, not one read of it
+                        progress_offset, sent_to = sent_to, self._send_progress(job, progress_file, sent_to)
+                    progress_offset, last_progress = sent_to, now
                 if eof:
                     return
 
@@ -760,16 +762,24 @@ class JobRunner:
             logger.warning("job %s reported %d metric values that are no finite numbers under short names: "
                            "dropped", job.dispatch.job_id, dropped)
         results = [record for record in records if isinstance(record, ResultRecord)]
+        job_id, attempt = job.dispatch.job_id, job.dispatch.attempt
         try:
             if serving is not None:
-                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, serving.to_message())
+                self.client.progress(job_id, attempt, serving.to_message())
             if training:
-                self.client.progress_records(job.dispatch.job_id, job.dispatch.attempt,
-                                             [record.to_message() for record in training])
-            for result in results[-1:]:  # written after the job's last training record: sent after it too
-                self.client.progress(job.dispatch.job_id, job.dispatch.attempt, result.to_message())
-        except Exception as exc:  # noqa: BLE001 - progress is advisory
-            logger.debug("progress of job %s not sent: %s", job.dispatch.job_id, exc)
+                self.client.progress_records(job_id, attempt, [record.to_message() for record in training])
+        except Exception as exc:  # noqa: BLE001 - progress never stops the job
+            if transient(exc):  # nothing of this read was taken: the file keeps it for the next tick
+                logger.warning("progress of job %s not sent (%s); sent again with the next", job_id, exc)
+                return offset
+            # Refused: the attempt moved on (the agent is stopping it), or a batch the console does not take.
+            logger.log(logging.DEBUG if isinstance(exc, ConsoleRejected) else logging.WARNING,
+                       "progress of job %s refused: %s", job_id, exc)
+        for result in results[-1:]:  # written after the job's last training record: sent after it too
+            try:
+                self.client.progress(job_id, attempt, result.to_message())
+            except Exception as exc:  # noqa: BLE001 - the training records above were taken: not sent twice
+                logger.warning("final metrics of job %s not sent: %s", job_id, exc)
         return offset + len(complete)
 
     def _save_log_artifact(self, job: JobProcess) -> None:
