@@ -67,6 +67,7 @@ SHUTDOWN_CLEANUP_S = 5.0  # past the grace period, what a stopped container's re
 LOG_FLUSH_BYTES = 256 * 1024
 PROGRESS_INTERVAL_S = 1.0
 PROGRESS_READ_MAX = 1024 * 1024
+PROGRESS_END_READS = 16  # reads of the progress file at a job's end, each PROGRESS_READ_MAX at most
 # Output kept per job attempt (local output.log, and what is forwarded to the console); the rest is drained and
 # dropped so the job keeps running. Above the console's own cap (CONSOLE_JOB_LOG_MAX_CHARS, 10M by default).
 LOG_MAX_CHARS = 20_000_000
@@ -725,8 +726,11 @@ class JobRunner:
                     pending, pending_size, last_flush = [], 0, now
                 if eof or now - last_progress >= PROGRESS_INTERVAL_S:
                     sent_to = self._send_progress(job, progress_file, progress_offset)
-                    while eof and progress_offset < sent_to:  # the end: all of the file, not one read of it
+                    reads = 1
+                    # At the end, the rest of the file rather than one read of it (bounded: the end report waits).
+                    while eof and progress_offset < sent_to and reads < PROGRESS_END_READS:
                         progress_offset, sent_to = sent_to, self._send_progress(job, progress_file, sent_to)
+                        reads += 1
                     progress_offset, last_progress = sent_to, now
                 if eof:
                     return
