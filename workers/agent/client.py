@@ -21,9 +21,10 @@ class AgentConfigError(Exception):
     """The console refuses this agent (bad token, protocol mismatch): retrying will not help."""
 
 
-# Tries of a progress post (0.5 s, then 1 s apart): a connection the server closed as it was reused, a console
-# restarting. Past them the caller keeps the records in the job's progress file and sends them on its next tick.
-PROGRESS_ATTEMPTS = 3
+# Tries of a progress post, 0.5 s apart (a connection the server closed as it was reused). Past them the caller
+# keeps the records in the job's progress file and sends them on its next tick: the tail of the job's output waits
+# meanwhile (the same thread reads it), so a console that stays down costs a job half a second a tick, no more.
+PROGRESS_ATTEMPTS = 2
 
 
 def transient(exc: Exception) -> bool:
