@@ -725,13 +725,8 @@ class JobRunner:
                     self._send_log(job, "".join(pending))
                     pending, pending_size, last_flush = [], 0, now
                 if eof or now - last_progress >= PROGRESS_INTERVAL_S:
-                    sent_to = self._send_progress(job, progress_file, progress_offset)
-                    reads = 1
-                    # At the end, the rest of the file rather than one read of it (bounded: the end report waits).
-                    while eof and progress_offset < sent_to and reads < PROGRESS_END_READS:
-                        progress_offset, sent_to = sent_to, self._send_progress(job, progress_file, sent_to)
-                        reads += 1
-                    progress_offset, last_progress = sent_to, now
+                    send = self._send_rest_of_progress if eof else self._send_progress
+                    progress_offset, last_progress = send(job, progress_file, progress_offset), now
                 if eof:
                     return
 
@@ -743,6 +738,15 @@ class JobRunner:
             pass  # the job moved on (cancelled or requeued): its output no longer belongs to the record
         except Exception as exc:  # noqa: BLE001 - the local log keeps everything
             logger.warning("could not send log of job %s: %s", job.dispatch.job_id, exc)
+
+    def _send_rest_of_progress(self, job: JobProcess, path: Path, offset: int) -> int:
+        """At a job's end: the rest of its progress file, not one read of it (bounded: the end report waits)."""
+        for _ in range(PROGRESS_END_READS):
+            sent_to = self._send_progress(job, path, offset)
+            if sent_to == offset:
+                break
+            offset = sent_to
+        return offset
 
     def _send_progress(self, job: JobProcess, path: Path, offset: int) -> int:
         """Send the progress records written since `offset` (only rank 0 writes the file)."""
