@@ -1,4 +1,5 @@
-"""Redis and PostgreSQL restarted under a running console, with jobs queued, placed and running.
+"""Redis, PostgreSQL and the console's web server restarted under a running console, with jobs queued, placed and
+running.
 
 Redis keeps nothing on disk here (as on this machine kind's own server), so its restart loses every message in
 the broker and every cached telemetry frame: the console's database is the truth, and the jobs must come out
@@ -19,6 +20,8 @@ from websockets.sync.client import connect
 from tests.faults.conftest import record_fault
 from tests.faults.support import (
     FINAL,
+    PY,
+    SCRIPTS,
     assert_ledger_holds,
     counted_job,
     runs_of,
@@ -143,6 +146,37 @@ def test_redis_restart_loses_no_job_and_runs_none_twice(cluster):
     record_fault("Redis killed for 5 s (no persistence: broker and cache emptied)",
                  f"10/10 jobs succeeded once each; telemetry back {telemetry_gap:.1f} s after Redis",
                  finished, 0)
+
+
+def test_a_web_server_restart_loses_no_line_of_a_running_jobs_log(cluster):
+    """The agent keeps a job's output while the console does not answer and sends it, in order and once, when it
+    answers again; meanwhile the job prints more than its output pipe holds and is never held up by it."""
+    job = cluster.submit(gpus=1, name="chatty", workload={"command": [PY, str(SCRIPTS / "chatty_run.py")]})
+    cluster.wait_for(lambda: "line 00005" in cluster.log(job["id"]), timeout=120, what="the job's first lines")
+    outputs = cluster.base / "artifacts" / str(job["id"]) / "outputs"
+    cluster.kill("web")
+    down_at = time.monotonic()
+    (outputs / "go").touch()
+    cluster.wait_for(lambda: (outputs / "burst.done").exists(), timeout=120,
+                     what="the job to print its burst while the console is down")
+    agent_logs = [cluster.base / f"agent-{name}.log" for name in cluster.agents]
+    # Down through three tries of the same chunk (the third is followed by a wait of 2 s).
+    cluster.wait_for(lambda: any("log not sent" in line and "again in 2.0 s" in line for path in agent_logs
+                                 for line in path.read_text(errors="replace").splitlines()),
+                     timeout=60, what="the agent to try its log three times")
+    cluster.restart("web")
+    up_at = time.monotonic()
+    cluster.wait_for(cluster._server_answers, timeout=90, what="the web server to answer again")
+    final = wait_all_final(cluster, [job["id"]], timeout=180)[job["id"]]
+    assert final["state"] == "succeeded", (final["state"], final["failure_reason"])
+    log = cluster.whole_log(job["id"]).splitlines()
+    lines = [entry for entry in log if entry.startswith("line ")]
+    assert lines == [f"line {n:05d}" for n in range(len(lines))] and len(lines) > 100, lines[-5:]
+    assert [entry[:10] for entry in log if entry.startswith("burst ")] == [f"burst {j:04d}" for j in range(300)]
+    assert log[-1].startswith("[agent] succeeded")
+    record_fault(f"web server killed for {up_at - down_at:.0f} s while a job printed 300 KB",
+                 f"job succeeded; its log whole and in order ({len(lines)} lines and the burst)",
+                 time.monotonic() - up_at, 0)
 
 
 def browser_session(cluster) -> httpx.Client:

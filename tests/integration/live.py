@@ -318,7 +318,17 @@ class LiveCluster:
                              what=f"job {job_id} to reach {states}")
 
     def log(self, job_id: int) -> str:
+        """The first slice of the job's log (the API's page)."""
         return self.admin().get(f"/api/v1/jobs/{job_id}/logs/").json()["data"]
+
+    def whole_log(self, job_id: int) -> str:
+        parts, after = [], 0
+        while True:
+            page = self.admin().get(f"/api/v1/jobs/{job_id}/logs/", params={"after": after}).json()
+            parts.append(page["data"])
+            if not page["data"] or page["next"] == after:
+                return "".join(parts)
+            after = page["next"]
 
     def submit(self, **spec) -> dict:
         response = self.admin().post("/api/v1/jobs/", json={"team": "it", "name": "it-job", **spec})

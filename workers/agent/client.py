@@ -84,7 +84,8 @@ class ConsoleClient:
         return self._post_retrying(f"jobs/{job_id}/status/", status.to_message(), attempts=attempts)
 
     def log(self, job_id: int, attempt: int, data: str) -> None:
-        self._post_retrying(f"jobs/{job_id}/logs/", {"attempt": attempt, "data": data}, attempts=5)
+        """One post of a job's output (its LogSender tries again while the console does not answer)."""
+        self._post(f"jobs/{job_id}/logs/", {"attempt": attempt, "data": data})
 
     def telemetry(self, batch: dict[str, Any]) -> dict[str, Any]:
         return self._post("telemetry/", batch)

@@ -42,6 +42,7 @@ from workers.agent import codefetch
 from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected, transient
 from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
+from workers.agent.logsender import CHUNK_CHARS, LogSender
 from workers.agent.progress import forwarded
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, reshared_limits, share_limits
@@ -64,7 +65,9 @@ logger = logging.getLogger("workers.agent")
 PR_SET_PDEATHSIG = 1
 LOG_FLUSH_INTERVAL_S = 0.5
 SHUTDOWN_CLEANUP_S = 5.0  # past the grace period, what a stopped container's removal may take at shutdown
-LOG_FLUSH_BYTES = 256 * 1024
+# At a job's end its output still queued for the console is sent before the end is reported; a console that takes
+# nothing for this long is given up on (the log artifact keeps everything).
+LOG_END_IDLE_S = 15.0
 PROGRESS_INTERVAL_S = 1.0
 PROGRESS_READ_MAX = 1024 * 1024
 PROGRESS_END_READS = 16  # reads of the progress file at a job's end, each PROGRESS_READ_MAX at most
@@ -241,6 +244,7 @@ class JobProcess:
     cgroup: JobCgroup | None = None  # its memory, CPU and process limits (workers/agent/cgroups.py)
     container: ContainerJob | None = None  # a job in an image (workers/agent/containers.py)
     progress_file: Path | None = None  # where its progress is read, if not its home's progress file
+    log: LogSender | None = None  # its output on the way to the console (from the start of its thread)
     # Set once its processes are gone and its container removed (the agent's shutdown waits for it).
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -512,6 +516,8 @@ class JobRunner:
     def _run(self, job: JobProcess) -> None:
         dispatch = job.dispatch
         assert job.home is not None
+        job.log = LogSender(lambda text: self.client.log(dispatch.job_id, dispatch.attempt, text),
+                            name=f"job {dispatch.job_id} attempt {dispatch.attempt}")
         local_log = None
         try:
             self._make_dirs(job)
@@ -637,6 +643,8 @@ class JobRunner:
         if job.cgroup is not None:  # its processes are done: kill any left in the cgroup
             status.details.update(job.cgroup.end_and_report())
         self._send_log(job, f"[agent] {status.state}: {status.reason}\n")
+        if job.log is not None:  # the console has its output before it hears the end (it refuses it after)
+            job.log.close(LOG_END_IDLE_S)
         self._reclaim(job)  # its processes are gone: before the console hears the end, take its files back
         try:
             self._save_log_artifact(job)
@@ -720,7 +728,7 @@ class JobRunner:
                         pending.append(text)
                         pending_size += len(text)
                 now = time.monotonic()
-                if pending and (eof or pending_size >= LOG_FLUSH_BYTES or now - last_flush >= LOG_FLUSH_INTERVAL_S):
+                if pending and (eof or pending_size >= CHUNK_CHARS or now - last_flush >= LOG_FLUSH_INTERVAL_S):
                     local_log.flush()
                     self._send_log(job, "".join(pending))
                     pending, pending_size, last_flush = [], 0, now
@@ -731,13 +739,10 @@ class JobRunner:
                     return
 
     def _send_log(self, job: JobProcess, text: str) -> None:
-        try:
-            # The console refuses NUL characters (the whole chunk would be lost): send them as U+FFFD.
-            self.client.log(job.dispatch.job_id, job.dispatch.attempt, text.replace("\x00", "\ufffd"))
-        except ConsoleRejected:
-            pass  # the job moved on (cancelled or requeued): its output no longer belongs to the record
-        except Exception as exc:  # noqa: BLE001 - the local log keeps everything
-            logger.warning("could not send log of job %s: %s", job.dispatch.job_id, exc)
+        """Queue output for the console (sent by the job's LogSender: the job never waits for the console)."""
+        assert job.log is not None
+        # The console refuses NUL characters (the whole chunk would be lost): send them as U+FFFD.
+        job.log.put(text.replace("\x00", "\ufffd"))
 
     def _send_rest_of_progress(self, job: JobProcess, path: Path, offset: int) -> int:
         """At a job's end: the rest of its progress file, not one read of it (bounded: the end report waits)."""
