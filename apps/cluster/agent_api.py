@@ -15,6 +15,7 @@ from workers.protocol import (
     CONTAINER_RUNTIMES,
     HEARTBEAT_INTERVAL_S,
     PROTOCOL_VERSION,
+    JobIsolation,
     host_queue,
     valid_address,
 )
@@ -43,6 +44,9 @@ class RegistrationSerializer(serializers.Serializer):
     gpus = GpuRecordSerializer(many=True, max_length=64)
     runtime = serializers.ChoiceField(choices=CONTAINER_RUNTIMES, required=False, default="process",
                                       help_text="How the agent runs jobs: on the host, or in podman/docker containers")
+    job_isolation = serializers.ChoiceField(
+        choices=JobIsolation.MODES, required=False, allow_blank=True, default="",
+        help_text="How the agent keeps process jobs apart (JobIsolation.user); blank: an agent that does not say")
     images = serializers.ListField(child=serializers.JSONField(), required=False, default=list, max_length=2000,
                                    help_text="The images in a container host's store (ImageRecord); malformed "
                                              "entries are dropped")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from workers.protocol import CONTAINER_RUNTIMES
+from workers.protocol import CONTAINER_RUNTIMES, JobIsolation
 
 
 class Host(models.Model):
@@ -24,6 +24,10 @@ class Host(models.Model):
     memory_mb = models.PositiveBigIntegerField(default=0, help_text="Host memory in MiB (0: not reported).")
     runtime = models.CharField(max_length=10, choices=[(r, r) for r in CONTAINER_RUNTIMES], default="process",
                                help_text="How the agent runs jobs: on the host (process) or in OCI containers.")
+    job_isolation = models.CharField(
+        max_length=12, blank=True, choices=[(m, m) for m in JobIsolation.MODES],
+        help_text="How the agent keeps process jobs apart (own-uid, shared-user, agent-user; blank: not reported). "
+                  "Only own-uid hosts take a job given secrets without an image.")
     cached_images = models.JSONField(default=list, blank=True,
                                      help_text="The images in the host's container store, as the agent reported them.")
     created_at = models.DateTimeField(auto_now_add=True)

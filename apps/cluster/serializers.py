@@ -19,7 +19,7 @@ class HostSerializer(serializers.ModelSerializer):
     class Meta:
         model = Host
         fields = ["id", "name", "state", "simulated", "last_heartbeat", "agent_version", "driver_version",
-                  "cuda_version", "runtime", "cached_images", "gpus"]
+                  "cuda_version", "runtime", "job_isolation", "cached_images", "gpus"]
         read_only_fields = fields
 
 

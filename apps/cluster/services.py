@@ -76,6 +76,7 @@ def host_register(host: Host, registration: dict) -> Host:
         host.address = address
         host.cpus, host.memory_mb = _capacity(registration)
         host.runtime = runtime_of(registration)
+        host.job_isolation = registration.get("job_isolation") or ""
         host.cached_images = images_of(registration.get("images"))
         host.last_heartbeat = now
         if host.state == Host.State.DOWN:

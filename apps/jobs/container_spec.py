@@ -209,11 +209,9 @@ def checked_environment(*, image: Any, env: Any, secrets: Any, mounts: Any, code
         errors["env"] = {name: ["Also a secret the job names: the secret sets it."] for name in both}
     if "mounts" not in errors and mounts:
         _ask(lambda: validate_mount_names(team.pk, mounts), "mounts", errors)
-    # A job without an image runs as processes on the host: it gets its env and code there, but the process
-    # backend binds no volume and fetches no secret (a job under a shared user could read another's variables).
-    if secrets and not image and "secrets" not in errors:
-        errors["secrets"] = ["Given to the job's container: give an image too (a job without one runs as "
-                             "processes on the host, which get no secrets)."]
+    # A job without an image runs as processes on the host: it gets its env and code there, and its secrets only
+    # from an agent that runs it under a uid of its own (placement: apps/scheduling/host_needs.py, OWN_UID); the
+    # process backend binds no volume.
     if mounts and not image and "mounts" not in errors:
         errors["mounts"] = ["Bound into the job's container: give an image too (a job without one runs as "
                             "processes on the host, which get no volumes)."]

@@ -29,6 +29,7 @@ JOB_FIELDS = {
     "time_limit_minutes_": F("time_limit_minutes"), "preemption_count_": F("preemption_count"),
     "workload_": F("workload"), "gpu_share_units_": F("gpu_share_units"), "gpu_memory_mb_": F("gpu_memory_mb"),
     "created_at_": F("created_at"), "image_": F("image"), "service_group_": F("service_group"),
+    "secrets_": F("secrets"),
 }
 HOLDING_FIELDS = {
     "started_at_": F("started_at"), "placed_at_": F("placed_at"), "borrowing_": F("borrowing"),
@@ -52,13 +53,13 @@ def runs_containers(host: Host) -> bool:
 
 def host_view(host: Host, gpus: list[GPU]) -> HostView:
     return HostView(name=host.name, schedulable=host.state == Host.State.UP, gpus=tuple(gpu_view(g) for g in gpus),
-                    runs_containers=runs_containers(host))
+                    runs_containers=runs_containers(host), own_uid_jobs=host.job_isolation == "own-uid")
 
 
 def candidate(gpu: GPU, units_in_use: int) -> Candidate:
     """A GPU row (with its host selected) offered to a placement, holding `units_in_use` already."""
     return Candidate(gpu_view(gpu), gpu.host.name, gpu.host.state == Host.State.UP, units_in_use,
-                     runs_containers(gpu.host))
+                     host_view(gpu.host, []))
 
 
 def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> dict[str, Any]:
@@ -83,6 +84,8 @@ def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> 
         "gpu_memory_mb": job["gpu_memory_mb_"],
         "submitted_at": epoch(job["created_at_"]) or now,
         "needs_containers": bool(job["image_"]),
+        # Secrets go into a process job's environment: only under a uid no other job shares (host_needs.OWN_UID).
+        "needs_own_uid": bool(job["secrets_"]) and not job["image_"],
         "service_group": job["service_group_"] or None,
     }
 
@@ -92,6 +95,6 @@ def pending_job(job: Job, now: float) -> PendingJob:
     row = {f"{name}_": getattr(job, name) for name in (
         "gpus", "priority", "gpu_type", "max_steps", "steps_done", "steps_per_second", "time_limit_minutes",
         "preemption_count", "workload", "gpu_share_units", "gpu_memory_mb", "created_at", "image",
-        "service_group")}
+        "service_group", "secrets")}
     row.update(job_id=job.pk, team_slug=job.team.slug, username=job.user.get_username())
     return PendingJob(**job_common(row, 0.0, now))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
+from apps.scheduling.host_needs import host_need
+from apps.scheduling.placement import FreeGpus, choose_gpus
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, min_units
 from apps.scheduling.types import Decisions, PendingInfo, PendingJob, Placement, Snapshot
 from apps.scheduling.usage import budget_reason
@@ -66,9 +67,10 @@ def schedule_fcfs(snapshot: Snapshot) -> Decisions:
             # A memory request takes more of the chosen GPU than the quota allows: put it back.
             free.give_share(choice[0][0], choice[1], job.gpu_memory_mb or 0)
             choice = None
-        if choice is None and job.needs_containers and not free.container_hosts:
+        host_needs = host_need(job)
+        if choice is None and host_needs is not None and not free.need_hosts[host_needs.key]:
             position += 1
-            pending[job.job_id] = PendingInfo(NO_CONTAINER_HOST, position, code="no_runtime")
+            pending[job.job_id] = PendingInfo(host_needs.no_host, position, code="no_runtime")
             continue
         if choice is None:
             position += 1

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from apps.scheduling.host_needs import host_need, meets
 from apps.scheduling.sharing import FULL, fmt_gpus, held_units, is_fractional, units_on
 from apps.scheduling.types import GpuView, HostView, PendingJob, RunningJob
 
@@ -29,7 +30,7 @@ class Candidate:
     host: str = ""
     host_schedulable: bool = True
     units_in_use: int = 0
-    host_runs_containers: bool = False
+    host_view: HostView | None = None  # its host (None: unknown, which meets no need of a job's: host_needs)
 
 
 def gpu_index(hosts: Iterable[HostView]) -> dict[int, tuple[HostView, GpuView]]:
@@ -57,16 +58,16 @@ def candidates(
         if entry is None:
             return None
         host, gpu = entry
-        found.append(Candidate(gpu, host.name, host.schedulable, used.get(gpu_id, 0), host.runs_containers))
+        found.append(Candidate(gpu, host.name, host.schedulable, used.get(gpu_id, 0), host))
     return found
 
 
 def placement_refusal(job: PendingJob, offered: Sequence[Candidate], units: int) -> str | None:
     """Why `job` may not take `offered` with `units` of each GPU (FULL for whole GPUs), or None if it may.
 
-    Every GPU must be on a schedulable host (one that runs containers, for a job with an image), healthy, of the type the job asks for, with `units` left, and with
-    the memory the job asks for; a fraction's units must cover its memory there (sharing.units_on; a GPU whose
-    memory is unknown can take a memory-only job only whole).
+    Every GPU must be on a schedulable host (one that meets the job's need, host_needs), healthy, of the type the
+    job asks for, with `units` left, and with the memory the job asks for; a fraction's units must cover its memory
+    there (sharing.units_on; a GPU whose memory is unknown can take a memory-only job only whole).
     """
     if len(offered) != job.gpus or len({c.gpu.gpu_id for c in offered}) != len(offered):
         return f"needs {job.gpus} distinct GPUs, was offered {len(offered)}"
@@ -74,12 +75,13 @@ def placement_refusal(job: PendingJob, offered: Sequence[Candidate], units: int)
         return f"a share of {units} units is not between 1 and {FULL}"
     if units < FULL and not is_fractional(job):
         return "only a 1-GPU job may take part of a GPU"
+    need = host_need(job)
     for c in offered:
         where = f"GPU {c.host}:{c.gpu.index}" if c.host else f"GPU {c.gpu.gpu_id}"
         if not c.host_schedulable:
             return f"{where}: its host takes no new jobs"
-        if job.needs_containers and not c.host_runs_containers:
-            return f"{where}: its host runs no containers, and the job has an image"
+        if need is not None and (c.host_view is None or not meets(c.host_view, need)):
+            return f"{where}: {need.refusal}"
         if not c.gpu.schedulable:
             return f"{where} takes no new jobs"
         if job.gpu_type and c.gpu.gpu_type != job.gpu_type:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
+from apps.scheduling.host_needs import NEEDS, host_need, meets
 from apps.scheduling.sharing import FULL, held_units, is_fractional, units_on
 from apps.scheduling.types import PendingJob, RunningJob, Snapshot
-
-# The pending reason of a job with an image while no schedulable host runs containers.
-NO_CONTAINER_HOST = "no host runs containers: the job's image needs a host whose agent runs podman or docker"
 
 
 class FreeGpus:
@@ -43,9 +41,9 @@ class FreeGpus:
         self.room: dict[str, dict[int, dict[int, None]]] = {}
         # gpu type -> host -> number of GPUs there used by fractions
         self.shared_hosts: dict[str, dict[str, int]] = {}
-        # Schedulable hosts that run containers (the only ones a job with an image may use), and per gpu type
-        # the schedulable GPUs on each host (for the widest of them).
-        self.container_hosts: frozenset[str] = frozenset()
+        # HostNeed key -> the schedulable hosts that meet it (the only ones a job with that need may use), and per
+        # gpu type the schedulable GPUs on each host (for the widest of them).
+        self.need_hosts: dict[str, frozenset[str]] = {need.key: frozenset() for need in NEEDS}
         self.host_gpus: dict[str, dict[str, int]] = {}
 
     @classmethod
@@ -67,7 +65,8 @@ class FreeGpus:
                 host_gpus.setdefault(gpu_type, {})[host.name] = count
         free = cls(host_order, capacity)
         free.host_gpus = host_gpus
-        free.container_hosts = frozenset(h.name for h in snapshot.hosts if h.schedulable and h.runs_containers)
+        free.need_hosts = {need.key: frozenset(h.name for h in snapshot.hosts if h.schedulable and meets(h, need))
+                           for need in NEEDS}
         for host in snapshot.hosts:
             if not host.schedulable:
                 continue
@@ -94,13 +93,14 @@ class FreeGpus:
         clone.memory_used = dict(self.memory_used)
         clone.room = {t: {n: dict(ids) for n, ids in by_n.items()} for t, by_n in self.room.items()}
         clone.shared_hosts = {t: dict(hosts) for t, hosts in self.shared_hosts.items()}
-        clone.container_hosts = self.container_hosts
+        clone.need_hosts = self.need_hosts
         clone.host_gpus = self.host_gpus
         return clone
 
     def hosts_for(self, job: PendingJob | RunningJob) -> frozenset[str] | None:
-        """The hosts `job` may use when not all: a job with an image needs one that runs containers."""
-        return self.container_hosts if job.needs_containers else None
+        """The hosts `job` may use when not all: those that meet its need (host_needs.host_need)."""
+        need = host_need(job)
+        return None if need is None else self.need_hosts[need.key]
 
     def types(self) -> list[str]:
         return sorted(self.host_capacity)
@@ -319,7 +319,7 @@ def _choose_of_type(free: FreeGpus, count: int, gpu_type: str, consolidate: bool
 
 def _choose_on_hosts(free: FreeGpus, count: int, gpu_type: str, consolidate: bool,
                      allowed: Collection[str]) -> tuple[int, ...] | None:
-    """_choose_of_type among some hosts only (those that run containers): the same rules, by a scan of them."""
+    """_choose_of_type among some hosts only (those that meet a job's need): the same rules, by a scan of them."""
     hosts = {h: ids for h, ids in free.free.get(gpu_type, {}).items() if h in allowed and ids}
     if sum(len(ids) for ids in hosts.values()) < count:
         return None

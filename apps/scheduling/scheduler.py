@@ -32,6 +32,7 @@ from apps.scheduling.config import PolicyConfig
 from apps.scheduling.defrag import MOVED, plan_defrag
 from apps.scheduling.estimate import Order, Waiting, expected_arrivals, start_times
 from apps.scheduling.estimate import Release as EndsAt
+from apps.scheduling.host_needs import host_need
 from apps.scheduling.ordering import (
     EMPTY_HISTORY,
     SERVICE_QUANTILES,
@@ -45,7 +46,7 @@ from apps.scheduling.ordering import (
     service_estimate,
     with_learned_aging,
 )
-from apps.scheduling.placement import NO_CONTAINER_HOST, FreeGpus, choose_gpus
+from apps.scheduling.placement import FreeGpus, choose_gpus
 from apps.scheduling.prediction import (
     MAX_SIMILAR_SIGMA,
     MIN_DECISION_REMAINING_S,
@@ -254,7 +255,7 @@ class ConsolePass:
     # its keys (CPython 3.11), every read of one a lookup.
     __slots__ = (
         "behind_reasons", "borrow_reasons", "candidates", "capacity_reasons", "confidence", "config",
-        "container_total", "defrag_moves", "defrag_searches", "expected", "fair", "fence", "free", "moved_remaining",
+        "need_total", "defrag_moves", "defrag_searches", "expected", "fair", "fence", "free", "moved_remaining",
         "no_fit", "now", "pending", "placed_ends", "placed_jobs", "placements", "preemptions", "quotas", "reservation",
         "schedulable_total",
         "scores", "searches", "service", "sharers", "snapshot", "states", "team_held", "team_lends", "user_held",
@@ -272,12 +273,13 @@ class ConsolePass:
         self.team_held: dict[str, int] = defaultdict(int)
         self.user_held: dict[tuple[str, str], int] = defaultdict(int)
         self.schedulable_total: dict[str, int] = defaultdict(int)
-        # ... and those on hosts that run containers (the ones a job with an image may use)
-        self.container_total: dict[str, int] = defaultdict(int)
+        # ... and, per HostNeed key, those on the hosts that meet it (the ones a job with that need may use)
+        self.need_total: dict[str, dict[str, int]] = {key: defaultdict(int) for key in self.free.need_hosts}
         for host, gpu_type, _ in self.free.location.values():
             self.schedulable_total[gpu_type] += 1
-            if host in self.free.container_hosts:
-                self.container_total[gpu_type] += 1
+            for key, hosts in self.free.need_hosts.items():
+                if host in hosts:
+                    self.need_total[key][gpu_type] += 1
         self.states: list[RunState] = []
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -289,7 +291,7 @@ class ConsolePass:
         self.no_fit: dict[str | None, tuple[int, int]] = {}  # (whole-GPU jobs without an image)
         self.widest_host: dict[str | None, int] = {t: n for t, n in self.free.host_capacity.items()}
         self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
-        self.capacity_reasons: dict[tuple[str | None, int, int | None, bool], tuple[str, str] | None] = {}
+        self.capacity_reasons: dict[tuple[str | None, int, int | None, bool, bool], tuple[str, str] | None] = {}
         self.victim_index = VictimIndex()
         # jobs placed in this pass
         self.placed_ends: list[Release] = []
@@ -438,7 +440,7 @@ class ConsolePass:
         """Whether _choose is sure to find nothing for `job`, as _choose_whole would know it (a gang at least as
         wide as one that found no GPUs since GPUs last came back, and no reserved GPUs it might use): most jobs of a
         long queue, told without the calls."""
-        if job.needs_containers or (self.reservation is not None and self.reservation.held):
+        if host_need(job) is not None or (self.reservation is not None and self.reservation.held):
             return False
         failed = self.no_fit.get(job.gpu_type)
         if failed is None or failed[0] != self.free.version or job.gpus < failed[1]:
@@ -665,12 +667,13 @@ class ConsolePass:
         else:
             total = max(self.schedulable_total.values(), default=0)
         where = "the cluster has"
-        if job.needs_containers:
-            if not self.free.container_hosts:
-                return "no_runtime", NO_CONTAINER_HOST
-            totals = self.container_total
+        need = host_need(job)
+        if need is not None:
+            if not self.free.need_hosts[need.key]:
+                return "no_runtime", need.no_host
+            totals = self.need_total[need.key]
             total = totals.get(job.gpu_type, 0) if job.gpu_type else max(totals.values(), default=0)
-            where = "the hosts that run containers have"
+            where = f"{need.hosts} have"
         if job.gpus > total:
             kind = _type_label(job.gpu_type)
             return "too_large", f"asks for {job.gpus} GPUs{kind}; {where} {total} schedulable"
@@ -764,7 +767,7 @@ class ConsolePass:
             return "no_quota", f"team {job.team} has no GPU quota"
         if quota.budget_spent:
             return "budget", budget_reason(job.team)
-        capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb, job.needs_containers)
+        capacity_key = (job.gpu_type, job.gpus, job.gpu_memory_mb, job.needs_containers, job.needs_own_uid)
         try:
             capacity = self.capacity_reasons[capacity_key]
         except KeyError:

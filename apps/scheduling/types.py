@@ -45,6 +45,8 @@ class HostView:
     schedulable: bool = True
     # True when its agent runs jobs in OCI containers (podman or docker): only such hosts take jobs with an image.
     runs_containers: bool = False
+    # True when its agent runs each process job under a uid of its own in a private view (host_needs.OWN_UID).
+    own_uid_jobs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ class PendingJob:
     gpu_memory_mb: int | None = None
     # The job runs in an OCI image: only hosts that run containers may take it (HostView.runs_containers).
     needs_containers: bool = False
+    # A job without an image that is given secrets: only hosts that run it under a uid of its own (host_needs).
+    needs_own_uid: bool = False
     # A replica of an inference service: the service's replicas share this key (see preemption.py).
     service_group: str | None = None
 
@@ -110,6 +114,7 @@ class RunningJob:
     gpu_share: float = 1.0
     gpu_memory_mb: int | None = None
     needs_containers: bool = False  # (see PendingJob)
+    needs_own_uid: bool = False  # (see PendingJob)
     service_group: str | None = None  # (see PendingJob)
     # Running (not only placed): for a replica, serving or about to.
     started: bool = True

@@ -49,3 +49,15 @@ def test_an_older_agent_is_a_process_host_and_an_unknown_runtime_is_a_400(world)
     assert Host.objects.get(name="node-c").runtime == "process"
     assert register(secret, registration(runtime="lxc")) == 400
     assert register(secret, {**registration(), "images": "nope"}) == 400
+
+
+def test_a_host_registers_how_it_keeps_process_jobs_apart(world, client_for):
+    _, secret = host_token_issue(name="node-c")
+    assert register(secret, registration(job_isolation="own-uid")) == 200
+    assert Host.objects.get(name="node-c").job_isolation == "own-uid"
+    assert client_for(world.member).get("/api/v1/hosts/node-c/").json()["job_isolation"] == "own-uid"
+    older = registration()
+    del older["job_isolation"]
+    assert register(secret, older) == 200  # an agent that does not say: not own-uid
+    assert Host.objects.get(name="node-c").job_isolation == ""
+    assert register(secret, registration(job_isolation="root")) == 400

@@ -262,3 +262,28 @@ def test_a_job_without_an_image_runs_in_its_uploaded_code_with_its_variables(clu
     assert "greeting=hello-from-env" in log and "data=from-the-snapshot" in log
     assert done["backend"] == "process"
 
+
+
+def test_a_job_without_an_image_gets_its_secrets_only_on_a_host_that_runs_it_under_its_own_uid(cluster):
+    """A process job given secrets goes only to hosts whose agents run each job under a uid of its own (no other
+    job can read its environment there); the values reach its environment and are masked in its log. An agent that
+    is not root cannot switch users: its hosts register so, and the job waits saying why."""
+    secret = "process-secret-0123456789"
+    created = cluster.admin().post("/api/v1/teams/it/secrets/", json={"name": "API_KEY", "value": secret})
+    assert created.status_code == 201, created.text
+    hosts = {h["name"]: h["job_isolation"] for h in cluster.admin().get("/api/v1/hosts/").json()["results"]}
+    job = cluster.submit(gpus=1, gpu_type="H200", secrets=["API_KEY"], workload={"command": [
+        PY, "-c", "import os; key = os.environ['API_KEY']; print('key=' + key, 'length', len(key), 'uid', os.getuid())"]})
+    if os.geteuid() != 0:
+        assert set(hosts.values()) == {"agent-user"}, hosts
+        waiting = cluster.wait_for(lambda: (j := cluster.job(job["id"]))["pending_reason"] and j, timeout=60,
+                                   what="the job's pending reason")
+        assert waiting["state"] == "queued" and "--job-uids" in waiting["pending_reason"], waiting
+        cluster.admin().post(f"/api/v1/jobs/{job['id']}/cancel/")
+        return
+    assert set(hosts.values()) == {"own-uid"}, hosts
+    done = cluster.wait_state(job["id"], {"succeeded", "failed"})
+    log = cluster.log(job["id"])
+    assert done["state"] == "succeeded", log
+    assert f"key=**** length {len(secret)} uid " in log and secret not in log
+    assert done["runtime_info"]["isolation"] == "own-uid"

@@ -65,16 +65,23 @@ def test_a_full_spec_is_stored_and_shown(team_things, client_for):
     assert "s3cr3t" not in str(list(JobEvent.objects.values()))
 
 
-@pytest.mark.parametrize("field", ["secrets", "mounts"])
-def test_secrets_and_volumes_need_an_image(team_things, client_for, field):
-    """A job without an image runs as processes on the host, which get its env and code but no secret or volume:
-    asking for one is a 400 naming the field, never a job that runs without it."""
-    spec = container_spec(image="", shm_gb=None)
-    spec.pop("secrets" if field == "mounts" else "mounts")
+def test_volumes_need_an_image(team_things, client_for):
+    """A job without an image runs as processes on the host, which get its env and code but no volume: asking for
+    one is a 400 naming the field, never a job that runs without it."""
+    spec = container_spec(image="", shm_gb=None, secrets=[])
     response = client_for(team_things.member).post("/api/v1/jobs/", spec, format="json")
     assert response.status_code == 400
-    assert set(response.json()) == {field} and "give an image too" in response.json()[field][0]
+    assert set(response.json()) == {"mounts"} and "give an image too" in response.json()["mounts"][0]
     assert not Job.objects.exists()
+
+
+def test_secrets_without_an_image_are_taken_for_hosts_that_run_jobs_under_their_own_uid(team_things, client_for):
+    spec = container_spec(image="", shm_gb=None, mounts=[])
+    response = client_for(team_things.member).post("/api/v1/jobs/", spec, format="json")
+    assert response.status_code == 201, response.content
+    assert Job.objects.get().secrets == ["WANDB_API_KEY"]
+    bad = client_for(team_things.member).post("/api/v1/jobs/", {**spec, "secrets": ["NOT_THERE"]}, format="json")
+    assert bad.status_code == 400 and set(bad.json()) == {"secrets"}
 
 
 def test_env_and_code_go_without_an_image(team_things, client_for):

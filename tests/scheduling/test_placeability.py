@@ -56,7 +56,7 @@ def test_units_in_use_and_candidates():
     host = HostView("h", (gpu(0), gpu(1)), schedulable=False)
     index = gpu_index([host])
     assert index[1] == (host, gpu(1))
-    assert candidates((1, 0), index, {0: 25}) == [Candidate(gpu(1), "h", False, 0), Candidate(gpu(0), "h", False, 25)]
+    assert candidates((1, 0), index, {0: 25}) == [Candidate(gpu(1), "h", False, 0, host), Candidate(gpu(0), "h", False, 25, host)]
     assert candidates((0, 9), index, {}) is None
 
 

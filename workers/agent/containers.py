@@ -36,11 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from workers.agent import codefetch
+from workers.agent import codefetch, jobsecrets
 from workers.agent.cgroups import GIB, CgroupSupport, JobCgroup, Limits, format_gb
-from workers.agent.client import AgentConfigError, ConsoleRejected
 from workers.agent.masking import SecretMask
 from workers.protocol import (
     CODE_PATH,
@@ -58,7 +55,6 @@ from workers.protocol import (
     ImageRecord,
     JobIsolation,
     MountSpec,
-    ProtocolError,
 )
 
 if TYPE_CHECKING:
@@ -101,7 +97,6 @@ class ContainerJob:
     name: str
     image: str
     resolved: str = ""  # name@digest (or the image id) once the image is local
-    mask: SecretMask = field(default_factory=lambda: SecretMask(()))
     oom_killed: bool = False
     limits: Limits = field(default_factory=Limits)
 
@@ -333,18 +328,10 @@ class ContainerRuntime:
     def secrets(self, job: JobProcess, runner: JobRunner) -> dict[str, str]:
         """The values of the secrets the dispatch names, fetched now from the console; ContainerError if it
         refuses or cannot be reached, or leaves one out."""
-        dispatch = job.dispatch
-        names = dispatch.container.secrets
-        if not names:
-            return {}
         try:
-            values = runner.client.job_secrets(dispatch.job_id, dispatch.attempt)
-        except (ConsoleRejected, AgentConfigError, ProtocolError, httpx.HTTPError) as exc:
-            raise ContainerError(f"could not fetch the job's secrets: {exc}") from None
-        missing = sorted(set(names) - set(values))
-        if missing:
-            raise ContainerError(f"could not fetch the job's secrets: the console sent none for {', '.join(missing)}")
-        return {name: values[name] for name in names}
+            return jobsecrets.fetch(runner.client, job.dispatch)
+        except jobsecrets.SecretsError as exc:
+            raise ContainerError(str(exc)) from None
 
     def environment(self, job: JobProcess, runner: JobRunner, secrets: dict[str, str]) -> dict[str, str]:
         """The variables inside the container: plain env, the job's CONSOLE_* at container paths, secrets."""
@@ -421,7 +408,7 @@ class ContainerRuntime:
         binds = self.prepare(job, runner, log)
         job.cgroup = self.cgroup(job.dispatch)  # removed by the runner when the job ends, as a process job's
         secrets = self.secrets(job, runner)  # last, just before the start: the values live no longer than needed
-        job.container.mask = SecretMask(secrets.values())  # before any output of the job is read
+        job.mask = SecretMask(secrets.values())  # before any output of the job is read
         env = self.environment(job, runner, secrets)
         for name, value in env.items():
             if "\n" in value or "\r" in value or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):

@@ -229,8 +229,8 @@ def open_container_runtime(args: argparse.Namespace, backend: GpuBackend) -> Con
     return runtime
 
 
-def registration(args: argparse.Namespace, backend: GpuBackend,
-                 containers: ContainerRuntime | None = None) -> Registration:
+def registration(args: argparse.Namespace, backend: GpuBackend, containers: ContainerRuntime | None = None,
+                 job_isolation: str = "") -> Registration:
     info = backend.driver_info()
     return Registration(
         host=args.name,
@@ -243,6 +243,7 @@ def registration(args: argparse.Namespace, backend: GpuBackend,
         cpus=host_capacity()[0],
         memory_mb=host_capacity()[1],
         runtime=containers.kind if containers else "process",
+        job_isolation=job_isolation,
         images=containers.images() if containers else [],
         protocol=PROTOCOL_VERSION,
     )
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
         logger.info("jobs that name an image run in %s containers; mounts only below %s", containers.kind,
                     ", ".join(map(str, containers.volume_roots)) or "(no --volume-root: none)")
     stop = threading.Event()
-    message = registration(args, backend, containers)
+    message = registration(args, backend, containers, runner.process_isolation)
     try:
         register_until_accepted(client, message, stop)
     except AgentConfigError as exc:

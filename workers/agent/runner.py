@@ -38,11 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from workers.agent import codefetch
+from workers.agent import codefetch, jobsecrets
 from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected, transient
 from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
 from workers.agent.logsender import CHUNK_CHARS, LogSender
+from workers.agent.masking import SecretMask
 from workers.agent.progress import forwarded
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, reshared_limits, share_limits
@@ -245,6 +246,7 @@ class JobProcess:
     container: ContainerJob | None = None  # a job in an image (workers/agent/containers.py)
     progress_file: Path | None = None  # where its progress is read, if not its home's progress file
     log: LogSender | None = None  # its output on the way to the console (from the start of its thread)
+    mask: SecretMask | None = None  # its secrets' values, masked in its output (set before its process starts)
     # Set once its processes are gone and its container removed (the agent's shutdown waits for it).
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -476,6 +478,13 @@ class JobRunner:
         """Whether the job runs under a uid of its own (--job-uids), not the shared --run-as user."""
         return self.job_uids is not None and job.user is not None and job.user is not self.run_as
 
+    @property
+    def process_isolation(self) -> str:
+        """How this agent keeps its process jobs apart (a JobIsolation mode), as it registers it."""
+        if self.job_uids is not None:
+            return "own-uid"
+        return "shared-user" if self.run_as is not None else "agent-user"
+
     def isolation(self, job: JobProcess) -> JobIsolation:
         if job.container is not None and self.containers is not None:
             return self.containers.isolation(job, self._has_own_uid(job))
@@ -548,14 +557,15 @@ class JobRunner:
                     cwd = job.home / "code"
                     self.fetch_code(job, cwd)
                 command, env = self._host_command(job, argv, cwd)
+                env.update(self._process_secrets(job))  # last, just before the start
                 job.process = self._launcher.popen(
                     command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
-        except (OSError, ValueError, ContainerError, codefetch.CodeError) as exc:
+        except (OSError, ValueError, ContainerError, codefetch.CodeError, jobsecrets.SecretsError) as exc:
             if local_log is not None:
                 local_log.close()
-            told = isinstance(exc, (ContainerError, codefetch.CodeError))  # (their text is the reason)
+            told = isinstance(exc, (ContainerError, codefetch.CodeError, jobsecrets.SecretsError))  # (the reason)
             reason = str(exc) if told else f"could not start the job: {exc}"
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._send_log(job, f"[agent] {reason}\n")
@@ -602,6 +612,23 @@ class JobRunner:
         self._send_log(job, f"[agent] {fetched}\n")
         if job.user is not None:
             _chown_tree(code, job.user.uid, job.user.gid)
+
+    def _process_secrets(self, job: JobProcess) -> dict[str, str]:
+        """A process job's secrets for its environment, only under a uid of its own (no other job can read a
+        process's environment there: the console places such jobs on hosts that register own-uid). SecretsError
+        with the reason otherwise, or if they cannot be fetched."""
+        if not job.dispatch.container.secrets:
+            return {}
+        if not self._has_own_uid(job):
+            raise jobsecrets.SecretsError(
+                "this host does not run each job under a uid of its own (gpu-agent run as root with --job-uids): "
+                "it gives secrets only to jobs with an image")
+        secrets = jobsecrets.fetch(self.client, job.dispatch)
+        bad = sorted(name for name, value in secrets.items() if "\x00" in value)
+        if bad:
+            raise jobsecrets.SecretsError(f"secret {bad[0]} holds a NUL character, which no environment can")
+        job.mask = SecretMask(secrets.values())  # before any output of the job is read
+        return secrets
 
     def _host_command(self, job: JobProcess, argv: list[str], cwd: Path) -> tuple[list[str], dict[str, str]]:
         """The shim's argv and environment that run `argv` in `cwd` as processes on this host (the process
@@ -708,7 +735,7 @@ class JobRunner:
         progress_file = job.progress_file or job.home / PROGRESS_FILE_NAME
         progress_offset = 0
         room = self.log_max_chars  # characters still kept; past it the output is read and dropped
-        mask = job.container.mask if job.container is not None else None  # secret values never reach the log
+        mask = job.mask  # secret values never reach the log
         with local_log:
             while True:
                 ready, _, _ = select.select([fd], [], [], LOG_FLUSH_INTERVAL_S)

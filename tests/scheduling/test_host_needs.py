@@ -1,4 +1,5 @@
-"""Jobs with an image go only to hosts that run containers (podman or docker); jobs without one go anywhere."""
+"""Jobs with an image go only to hosts that run containers (podman or docker); jobs given secrets without an image
+only to hosts that run each job under a uid of its own; other jobs go anywhere (apps/scheduling/host_needs.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from tests.scheduling.helpers import pending, running, snapshot
 POLICIES = ["console", "fifo", "fifo-backfill", "fair-share"]
 
 
-def cluster(container_hosts: set[str], per_host: int = 4, names: tuple[str, ...] = ("p1", "c1", "p2", "c2")):
+def cluster(container_hosts: set[str], per_host: int = 4, names: tuple[str, ...] = ("p1", "c1", "p2", "c2"),
+            own_uid_hosts: frozenset[str] = frozenset()):
     return tuple(
         HostView(name, tuple(GpuView(h * per_host + i, i, "a100") for i in range(per_host)),
-                 runs_containers=name in container_hosts)
+                 runs_containers=name in container_hosts, own_uid_jobs=name in own_uid_hosts)
         for h, name in enumerate(names)
     )
 
@@ -27,14 +29,40 @@ def host_of(hosts, gpu_id: int) -> str:
 
 def test_the_rule_refuses_a_host_without_containers_for_an_image_only():
     gpu = GpuView(0, 0, "a100")
+    plain, box = HostView("p1", (gpu,)), HostView("c1", (gpu,), runs_containers=True)
     assert "its host runs no containers" in placement_refusal(
-        pending(1, needs_containers=True), [Candidate(gpu, "p1", host_runs_containers=False)], 100)
-    assert placement_refusal(pending(1, needs_containers=True),
-                             [Candidate(gpu, "c1", host_runs_containers=True)], 100) is None
-    assert placement_refusal(pending(1), [Candidate(gpu, "p1", host_runs_containers=False)], 100) is None
+        pending(1, needs_containers=True), [Candidate(gpu, "p1", host_view=plain)], 100)
+    assert placement_refusal(pending(1, needs_containers=True), [Candidate(gpu, "c1", host_view=box)], 100) is None
+    assert placement_refusal(pending(1), [Candidate(gpu, "p1", host_view=plain)], 100) is None
+    assert "its host runs no containers" in placement_refusal(pending(1, needs_containers=True), [Candidate(gpu)], 100)
     hosts = cluster({"c1"})
     [offered] = candidates([4], gpu_index(hosts), {})
-    assert offered.host == "c1" and offered.host_runs_containers
+    assert offered.host == "c1" and offered.host_view is not None and offered.host_view.runs_containers
+
+
+def test_the_rule_refuses_a_host_that_shares_its_jobs_uid_for_a_job_with_secrets_only():
+    gpu = GpuView(0, 0, "a100")
+    shared, own = HostView("p1", (gpu,), runs_containers=True), HostView("u1", (gpu,), own_uid_jobs=True)
+    assert "does not run each job under a uid of its own" in placement_refusal(
+        pending(1, needs_own_uid=True), [Candidate(gpu, "p1", host_view=shared)], 100)
+    assert placement_refusal(pending(1, needs_own_uid=True), [Candidate(gpu, "u1", host_view=own)], 100) is None
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_jobs_with_secrets_and_no_image_land_on_own_uid_hosts_or_wait_saying_why(policy):
+    hosts = cluster({"c1"}, own_uid_hosts=frozenset({"p2"}))
+    jobs = [pending(1, gpus=2, needs_own_uid=True), pending(2, gpus=1, needs_own_uid=True, gpu_share=0.5),
+            pending(3, gpus=4, needs_own_uid=True), pending(4, gpus=4)]
+    decisions = schedule(snapshot(hosts, jobs), PolicyConfig(policy=policy))
+    placed = {p.job_id: {host_of(hosts, g) for g in p.gpu_ids} for p in decisions.placements}
+    assert {1, 2} <= set(placed) and placed[1] == placed[2] == {"p2"}, (policy, placed)
+    assert 3 not in placed and decisions.pending[3].code != "no_runtime"  # p2 is busy: it waits for it
+    wide = schedule(snapshot(hosts, [pending(5, gpus=6, needs_own_uid=True)]), PolicyConfig(policy=policy))
+    if policy == "console":
+        assert "the hosts that run each job under a uid of its own have 4" in wide.pending[5].reason
+    nowhere = schedule(snapshot(cluster({"c1"}), [pending(6, needs_own_uid=True)]), PolicyConfig(policy=policy))
+    assert nowhere.placements == () and nowhere.pending[6].code == "no_runtime"
+    assert "needs an agent run as root with --job-uids" in nowhere.pending[6].reason
 
 
 @pytest.mark.parametrize("policy", POLICIES)
