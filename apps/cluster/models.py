@@ -25,7 +25,7 @@ class Host(models.Model):
     runtime = models.CharField(max_length=10, choices=[(r, r) for r in CONTAINER_RUNTIMES], default="process",
                                help_text="How the agent runs jobs: on the host (process) or in OCI containers.")
     job_isolation = models.CharField(
-        max_length=12, blank=True, choices=[(m, m) for m in JobIsolation.MODES],
+        max_length=12, blank=True, choices=[("", "not reported"), *[(m, m) for m in JobIsolation.MODES]],
         help_text="How the agent keeps process jobs apart (own-uid, shared-user, agent-user; blank: not reported). "
                   "Only own-uid hosts take a job given secrets without an image.")
     cached_images = models.JSONField(default=list, blank=True,

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='host',
             name='job_isolation',
-            field=models.CharField(blank=True, choices=[('own-uid', 'own-uid'), ('shared-user', 'shared-user'), ('agent-user', 'agent-user')], help_text='How the agent keeps process jobs apart (own-uid, shared-user, agent-user; blank: not reported). Only own-uid hosts take a job given secrets without an image.', max_length=12),
+            field=models.CharField(blank=True, choices=[('', 'not reported'), ('own-uid', 'own-uid'), ('shared-user', 'shared-user'), ('agent-user', 'agent-user')], help_text='How the agent keeps process jobs apart (own-uid, shared-user, agent-user; blank: not reported). Only own-uid hosts take a job given secrets without an image.', max_length=12),
         ),
     ]
