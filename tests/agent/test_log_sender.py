@@ -19,6 +19,16 @@ from workers.protocol import Dispatch, JobStatus
 WAIT_S = 120  # a guard against hanging forever, never a figure the test measures
 
 
+def appears(path: Path) -> bool:
+    """Whether `path` comes to exist (written by a job) within the guard of WAIT_S."""
+    seen = threading.Event()
+    for _ in range(int(WAIT_S / 0.05)):
+        if path.exists():
+            return True
+        seen.wait(0.05)
+    return False
+
+
 class Console:
     """Takes log posts; down (connection refused) while `down` is set, blocked while `held` is clear."""
 
@@ -137,13 +147,7 @@ def test_a_job_printing_more_than_its_pipe_holds_runs_on_while_the_console_does_
     dispatch = Dispatch(job_id=6, attempt=1, host="h", gpu_indices=(0,), kind="train", preset="baseline-fp32",
                         workload={"command": [sys.executable, "-c", script]}, time_limit_s=600)
     assert runner.start(dispatch) == "started"
-    printed = threading.Event()
-    for _ in range(int(WAIT_S / 0.05)):
-        if done.exists():
-            printed.set()
-            break
-        printed.wait(0.05)
-    assert printed.is_set(), "the job blocked on its output while the console did not answer"
+    assert appears(done), "the job blocked on its output while the console did not answer"
     assert not console.received  # the job got through all its output while the console took none of it
     console.held.set()
     assert console.ended.wait(WAIT_S)

@@ -5,12 +5,16 @@ nothing of a kind the console does not take."""
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.agent.test_log_sender import WAIT_S, appears
+from tests.agent.test_log_sender import Console as LogConsole
 from workers.agent.client import ConsoleClient, ConsoleRejected, transient
 from workers.agent.progress import evenly, forwarded
 from workers.agent.runner import JobProcess, JobRunner
@@ -154,3 +158,42 @@ def test_the_client_sends_a_progress_post_again_after_a_transient_failure() -> N
         client.progress_records(7, 2, [{"type": "progress", "step": 2}])
     assert transient(failed.value) and len(seen) == 4
     assert not transient(ConsoleRejected("moved on")) and transient(httpx.ConnectError("down"))
+
+
+class HeldProgressConsole(LogConsole):
+    """Takes logs at once; every progress post hangs until `progress_held` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress_held = threading.Event()
+        self.progress_tried = threading.Event()
+        self.records: list[dict[str, Any]] = []
+
+    def progress_records(self, job_id: int, attempt: int, records: list[dict[str, Any]]) -> None:
+        self.progress_tried.set()
+        assert self.progress_held.wait(WAIT_S)
+        self.records.extend(records)
+        self.events.append("progress")
+
+
+def test_the_jobs_output_is_read_on_while_its_progress_posts_hang(tmp_path: Path) -> None:
+    console = HeldProgressConsole()
+    runner = JobRunner(console, work_root=tmp_path / "work", artifacts_root=tmp_path / "artifacts",  # type: ignore[arg-type]
+                       simulated=True)
+    printed = tmp_path / "printed"
+    script = ("import json, os, sys, time\n"
+              "with open(os.environ['CONSOLE_PROGRESS_FILE'], 'a') as f:\n"
+              "    f.write(json.dumps({'type': 'progress', 'step': 1, 'loss': 0.5}) + '\\n')\n"
+              "time.sleep(1.5)\n"  # past a progress tick: the record's post hangs from here on
+              "sys.stdout.write('o' * 1048576 + '\\n'); sys.stdout.flush()\n"
+              f"open({str(printed)!r}, 'w').close()\n")
+    dispatch = Dispatch(job_id=8, attempt=1, host="h", gpu_indices=(0,), kind="train", preset="baseline-fp32",
+                        workload={"command": [sys.executable, "-c", script]}, time_limit_s=600)
+    assert runner.start(dispatch) == "started"
+    assert console.progress_tried.wait(WAIT_S)
+    assert appears(printed), "the job blocked on its output while a progress post hung"
+    assert not console.ended.is_set()  # its end waits for its final metrics
+    console.progress_held.set()
+    assert console.ended.wait(WAIT_S)
+    assert console.records == [{"type": "progress", "step": 1, "loss": 0.5}]
+    assert console.events.index("progress") < console.events.index("succeeded")

@@ -22,8 +22,8 @@ class AgentConfigError(Exception):
 
 
 # Tries of a progress post, 0.5 s apart (a connection the server closed as it was reused). Past them the caller
-# keeps the records in the job's progress file and sends them on its next tick: the tail of the job's output waits
-# meanwhile (the same thread reads it), so a console that stays down costs a job half a second a tick, no more.
+# keeps the records in the job's progress file and sends them on its next tick (each second, from a thread of the
+# job's own: runner.JobRunner._forward_progress).
 PROGRESS_ATTEMPTS = 2
 
 

@@ -729,11 +729,14 @@ class JobRunner:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending: list[str] = []
         pending_size = 0
-        last_flush = last_progress = time.monotonic()
+        last_flush = time.monotonic()
         assert job.home is not None
         # A gated replica's serving record comes from its gate, in a file of the agent's the job cannot write.
         progress_file = job.progress_file or job.home / PROGRESS_FILE_NAME
-        progress_offset = 0
+        output_ended = threading.Event()
+        forwarder = threading.Thread(target=self._forward_progress, args=(job, progress_file, output_ended),
+                                     name=f"progress-{job.dispatch.job_id}", daemon=True)
+        forwarder.start()
         room = self.log_max_chars  # characters still kept; past it the output is read and dropped
         mask = job.mask  # secret values never reach the log
         with local_log:
@@ -759,10 +762,9 @@ class JobRunner:
                     local_log.flush()
                     self._send_log(job, "".join(pending))
                     pending, pending_size, last_flush = [], 0, now
-                if eof or now - last_progress >= PROGRESS_INTERVAL_S:
-                    send = self._send_rest_of_progress if eof else self._send_progress
-                    progress_offset, last_progress = send(job, progress_file, progress_offset), now
                 if eof:
+                    output_ended.set()
+                    forwarder.join()  # its final metrics reach the console before its end does
                     return
 
     def _send_log(self, job: JobProcess, text: str) -> None:
@@ -770,6 +772,14 @@ class JobRunner:
         assert job.log is not None
         # The console refuses NUL characters (the whole chunk would be lost): send them as U+FFFD.
         job.log.put(text.replace("\x00", "\ufffd"))
+
+    def _forward_progress(self, job: JobProcess, path: Path, output_ended: threading.Event) -> None:
+        """Each PROGRESS_INTERVAL_S while the job runs, the records it wrote since; once its output has ended, the
+        rest of the file. A thread of its own: the reader of the job's output never waits on the console."""
+        offset = 0
+        while not output_ended.wait(PROGRESS_INTERVAL_S):
+            offset = self._send_progress(job, path, offset)
+        self._send_rest_of_progress(job, path, offset)
 
     def _send_rest_of_progress(self, job: JobProcess, path: Path, offset: int) -> int:
         """At a job's end: the rest of its progress file, not one read of it (bounded: the end report waits)."""
