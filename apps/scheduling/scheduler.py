@@ -288,7 +288,7 @@ class ConsolePass:
         self.searches = 0
         self.defrag_searches = 0
         self.defrag_moves = 0  # jobs moved for a gang in this pass
-        self.no_fit: dict[str | None, tuple[int, int]] = {}  # (whole-GPU jobs without an image)
+        self.no_fit: dict[str | None, tuple[int, int]] = {}  # (whole-GPU jobs with no host need)
         self.widest_host: dict[str | None, int] = {t: n for t, n in self.free.host_capacity.items()}
         self.widest_host[None] = min(self.free.host_capacity.values(), default=0)
         self.capacity_reasons: dict[tuple[str | None, int, int | None, bool, bool], tuple[str, str] | None] = {}
