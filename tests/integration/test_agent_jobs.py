@@ -250,6 +250,9 @@ def test_a_job_without_an_image_runs_in_its_uploaded_code_with_its_variables(clu
                                   "print('greeting=' + os.environ['GREETING'])\n"
                                   "print('data=' + pathlib.Path('data.txt').read_text())\n")
     (code / "data.txt").write_text("from-the-snapshot")
+    # Modules of the job's code that shadow what the agent's shim imports run in no process of the agent's.
+    for shadow in ("argparse", "json", "subprocess"):
+        (code / f"{shadow}.py").write_text(f"print('shadowed {shadow} ran'); raise SystemExit(3)\n")
     with codepack.pack(code) as packed:
         upload = cluster.admin().post("/api/v1/code-snapshots/", data={"team": "it"},
                                       files={"archive": ("code.tar.gz", packed.path.read_bytes())})
@@ -260,6 +263,7 @@ def test_a_job_without_an_image_runs_in_its_uploaded_code_with_its_variables(clu
     log = cluster.log(job["id"])
     assert done["state"] == "succeeded", log
     assert "greeting=hello-from-env" in log and "data=from-the-snapshot" in log
+    assert "shadowed" not in log
     assert done["backend"] == "process"
 
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from workers.agent import codefetch, jobsecrets
 from workers.agent.cgroups import GIB, CgroupSupport, JobCgroup, Limits, format_gb
 from workers.agent.masking import SecretMask
+from workers.agent.shim import shim_environment
 from workers.protocol import (
     CODE_PATH,
     CONTAINER_CHECKPOINTS,
@@ -422,7 +423,7 @@ class ContainerRuntime:
         cleanup = json.dumps(self.cleanup_argv(job.container.name))
         shim = [runner.python, "-m", "workers.agent.shim", "--grace", str(runner.grace_s),
                 "--stop-file", str(job.workdir / "stop-grace"), "--orphan-cleanup", cleanup, "--"]
-        host_env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "TMPDIR")}
+        host_env = shim_environment()
         if gated(job.dispatch):
             run = self.gate_argv(job, runner) + run
             host_env[REPLICA_SECRET_ENV] = job.dispatch.replica_secret  # the gate's alone: it drops it at once

@@ -47,6 +47,7 @@ from workers.agent.masking import SecretMask
 from workers.agent.progress import forwarded
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, reshared_limits, share_limits
+from workers.agent.shim import shim_environment
 from workers.protocol import (
     JOB_ENV_VARIABLES,
     PROGRESS_FILE_NAME,
@@ -556,12 +557,15 @@ class JobRunner:
                 if dispatch.container.code is not None:
                     cwd = job.home / "code"
                     self.fetch_code(job, cwd)
-                command, env = self._host_command(job, argv, cwd)
-                env.update(self._process_secrets(job))  # last, just before the start
-                job.process = self._launcher.popen(
-                    command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                )
+                command, env_fd = self._host_command(job, argv, cwd)
+                try:  # the shim in the agent's folder with the agent's variables; the job's reach it by the fd
+                    job.process = self._launcher.popen(
+                        command, cwd=job.workdir, env=shim_environment(), pass_fds=(env_fd,),
+                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                finally:
+                    os.close(env_fd)
         except (OSError, ValueError, ContainerError, codefetch.CodeError, jobsecrets.SecretsError) as exc:
             if local_log is not None:
                 local_log.close()
@@ -630,9 +634,9 @@ class JobRunner:
         job.mask = SecretMask(secrets.values())  # before any output of the job is read
         return secrets
 
-    def _host_command(self, job: JobProcess, argv: list[str], cwd: Path) -> tuple[list[str], dict[str, str]]:
-        """The shim's argv and environment that run `argv` in `cwd` as processes on this host (the process
-        backend)."""
+    def _host_command(self, job: JobProcess, argv: list[str], cwd: Path) -> tuple[list[str], int]:
+        """The shim's argv that runs `argv` in `cwd` as processes on this host (the process backend), and the fd
+        of the job's environment (in memory; the shim inherits it, the caller closes it once the shim started)."""
         assert job.home is not None
         env = self.environment(job)
         view_options: list[str] = []
@@ -642,11 +646,15 @@ class JobRunner:
         if shutil.which(argv[0], path=env.get("PATH")) is None and not (cwd / argv[0]).is_file():
             raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
         job.cgroup = self.cgroups.for_job(job.dispatch)
+        env.update(self._process_secrets(job))  # last, just before the start
+        fd = os.memfd_create("job-env", 0)
+        os.write(fd, json.dumps(env).encode())
+        os.lseek(fd, 0, os.SEEK_SET)
         shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
                 "--stop-file", str(job.workdir / "stop-grace"),
                 *(job.user.shim_options() if job.user else []), *view_options,
-                *(job.cgroup.shim_options() if job.cgroup else []), "--"]
-        return [*shim, *argv], env
+                *(job.cgroup.shim_options() if job.cgroup else []), "--cwd", str(cwd), "--env-fd", str(fd), "--"]
+        return [*shim, *argv], fd
 
     def _outcome(self, job: JobProcess, returncode: int) -> JobStatus:
         attempt, rank = job.dispatch.attempt, job.node_rank

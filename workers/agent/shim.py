@@ -1,7 +1,13 @@
 """The job shim: the agent starts every job through it, and it owns the job's whole process tree.
 
     python -m workers.agent.shim --grace 5 --stop-file DIR/stop-grace [--uid U --gid G --groups G1,G2]
-        [--cgroup-procs /sys/fs/cgroup/.../cgroup.procs ...] [--view DIR/view.json] -- argv...
+        [--cgroup-procs /sys/fs/cgroup/.../cgroup.procs ...] [--view DIR/view.json] [--cwd DIR --env-fd N] -- argv...
+
+The shim runs as the agent, in a folder of the agent's and with the agent's environment: the job's own folder
+(its uploaded code) and variables are the job's only. With --cwd and --env-fd (an inherited fd holding the job's
+environment as JSON, read and closed at start), the job's first process moves to its folder and gets its variables
+only after it has dropped privileges: a module of the job's code that shadows one the shim imports, or an
+LD_PRELOAD or PYTHONPATH among its variables, never runs as the agent.
 
 It makes itself a child subreaper, so every process the job starts stays in its subtree even when the job
 daemonizes or when torchrun puts its workers in process groups of their own. It ends the whole tree:
@@ -44,6 +50,11 @@ POLL_S = 0.05
 CLEANUP_TIMEOUT_S = 60.0
 
 
+def shim_environment() -> dict[str, str]:
+    """The variables the shim is started with: the agent's, only what running Python needs (never the job's)."""
+    return {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "TMPDIR")}
+
+
 def _prctl(option: int, value: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(option, value, 0, 0, 0) != 0:
@@ -78,7 +89,7 @@ def signal_tree(sig: int) -> None:
             os.kill(pid, sig)
 
 
-def why_not_found(command: str) -> str | None:
+def why_not_found(command: str, path: str | None = None) -> str | None:
     """Why exec found no `command`, as the job sees its files (called inside its view, as its user): the bare
     "No such file or directory" of a command the host has but the job's view hides (a pyenv shim under a private
     home, say) or of a script whose interpreter is missing leaves a user guessing. None: no better reason."""
@@ -87,9 +98,9 @@ def why_not_found(command: str) -> str | None:
         if found is None:
             return f"{command}: no such file in the job's view"
     else:
-        found = shutil.which(command)
+        found = shutil.which(command, path=path)
         if found is None:
-            return (f"{command}: command not found on the job's PATH ({os.environ.get('PATH', '')}); the host's "
+            return (f"{command}: command not found on the job's PATH ({path}); the host's "
                     f"private folders (such as a home's pyenv shims) are not in a job's view")
     interpreter = _interpreter(found)
     if interpreter is not None and not os.path.exists(interpreter):
@@ -114,8 +125,11 @@ def _interpreter(path: str) -> str | None:
 class Shim:
     def __init__(self, argv: list[str], grace_s: float, stop_file: Path | None,
                  user: tuple[int, int, list[int]] | None = None, cgroup_procs: list[str] | None = None,
-                 view: FilesystemView | None = None) -> None:
+                 view: FilesystemView | None = None, cwd: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.argv = argv
+        self.cwd = cwd  # the job's working directory, entered as its user (None: the shim's)
+        self.env = env  # the job's environment (None: the shim's)
         self.cgroup_procs = cgroup_procs or []  # the job's cgroup(s): its first process joins before exec
         self.view = view
         self.grace_s = grace_s
@@ -155,10 +169,15 @@ class Shim:
                     os.setresgid(gid, gid, gid)
                     os.setresuid(uid, uid, uid)
                     _prctl(PR_SET_NO_NEW_PRIVS, 1)
-                os.execvp(self.argv[0], self.argv)
+                if self.cwd is not None:
+                    os.chdir(self.cwd)
+                if self.env is None:
+                    os.execvp(self.argv[0], self.argv)
+                os.execvpe(self.argv[0], self.argv, self.env)
             except OSError as exc:
                 missing = exc.errno == errno.ENOENT and not isinstance(exc, SandboxError)
-                why = why_not_found(self.argv[0]) if missing else None
+                path = (self.env if self.env is not None else os.environ).get("PATH", "")
+                why = why_not_found(self.argv[0], path) if missing else None
                 print(f"[agent] could not start the job: {why or exc}", file=sys.stderr, flush=True)
                 os._exit(127 if missing else 126)
         self.main_pid = pid
@@ -246,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a cgroup.procs file the job's first process joins before it execs (repeatable)")
     parser.add_argument("--orphan-cleanup", metavar="JSON",
                         help="a command (JSON list) to run after the tree is gone, if the agent died meanwhile")
+    parser.add_argument("--cwd", help="the job's working directory, entered once it runs as its user")
+    parser.add_argument("--env-fd", type=int, help="an inherited fd holding the job's environment (JSON object)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -257,7 +278,11 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--uid needs --gid")
         user = (args.uid, args.gid, [int(group) for group in args.groups.split(",") if group])
     view = FilesystemView.from_json(args.view.read_text()) if args.view else None
-    shim = Shim(command, args.grace, args.stop_file, user, args.cgroup_procs, view)
+    env = None
+    if args.env_fd is not None:
+        with os.fdopen(args.env_fd, "rb") as source:  # closed here: the job never inherits it
+            env = {str(k): str(v) for k, v in json.loads(source.read()).items()}
+    shim = Shim(command, args.grace, args.stop_file, user, args.cgroup_procs, view, args.cwd, env)
     status = shim.run()
     if args.orphan_cleanup and shim.orphaned():
         orphan_cleanup([str(arg) for arg in json.loads(args.orphan_cleanup)])
