@@ -62,6 +62,9 @@ def job_secret_values(*, host: Host, job_id: int, attempt: int) -> dict[str, str
         job = _job_for_host(job_id, host, attempt)
         if job.state not in (State.PLACED, State.RUNNING):
             raise AgentReportError(f"job {job_id} attempt {attempt} is {job.state}: its secrets are not handed out")
+        if not job.image and host.job_isolation != "own-uid":  # (placement keeps such jobs off it: host_needs)
+            raise AgentReportError(f"host {host.name} does not run each job under a uid of its own: job {job_id} "
+                                   "has no image, so its secrets are not handed out there")
         return secret_values(job.team_id, [str(name) for name in job.secrets or ()])
 
 

@@ -127,6 +127,18 @@ def test_the_agent_of_the_placed_attempt_fetches_the_values_and_no_one_else(worl
         401, 403)
 
 
+def test_a_process_jobs_secrets_go_only_to_a_host_that_runs_it_under_its_own_uid(world, hosts):
+    job = submit(world, secrets=["WANDB_API_KEY"])
+    scheduler_pass()
+    assert Job.objects.get(pk=job.pk).pending_reason.startswith("no host runs jobs under a uid of their own")
+    Job.objects.filter(pk=job.pk).update(state="placed", attempts=1)  # as a stale registration would have it
+    GPU.objects.filter(host__name="sim-p", index=0).first().allocations.create(job=job)
+    refused = fetch(hosts["sim-p"], Job.objects.get(pk=job.pk))
+    assert refused.status_code == 409 and "uid of its own" in refused.json()["detail"]
+    Host.objects.filter(name="sim-p").update(job_isolation="own-uid")
+    assert fetch(hosts["sim-p"], Job.objects.get(pk=job.pk)).json()["values"] == {"WANDB_API_KEY": "first-value"}
+
+
 def test_a_finished_job_s_secrets_are_refused(world, hosts):
     job = submit(world, image=IMAGE, secrets=["WANDB_API_KEY"])
     scheduler_pass()
