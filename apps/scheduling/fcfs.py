@@ -67,10 +67,10 @@ def schedule_fcfs(snapshot: Snapshot) -> Decisions:
             # A memory request takes more of the chosen GPU than the quota allows: put it back.
             free.give_share(choice[0][0], choice[1], job.gpu_memory_mb or 0)
             choice = None
-        host_needs = host_need(job)
-        if choice is None and host_needs is not None and not free.need_hosts[host_needs.key]:
+        needed = host_need(job)
+        if choice is None and needed is not None and not free.need_hosts[needed.key]:
             position += 1
-            pending[job.job_id] = PendingInfo(host_needs.no_host, position, code="no_runtime")
+            pending[job.job_id] = PendingInfo(needed.no_host, position, code="no_runtime")
             continue
         if choice is None:
             position += 1

@@ -179,8 +179,8 @@ class PendingInfo:
     reason: str
     position: int
     estimated_start: float | None = None
-    # Machine-readable reason: quota, user_cap, borrow, no_gpu_type, no_runtime (no host runs containers, for a
-    # job with an image), too_large, budget (the team's GPU-hour budget is spent), priority, gang, backfill,
+    # Machine-readable reason: quota, user_cap, borrow, no_gpu_type, no_runtime (no host meets what the job needs
+    # of it: containers for an image, own uids for secrets without one; host_needs.py), too_large, budget (the team's GPU-hour budget is spent), priority, gang, backfill,
     # waiting (for GPUs behind jobs ahead), reserved (head of the queue, GPUs reserved for it).
     code: str = ""
     predicted_runtime_s: float | None = None

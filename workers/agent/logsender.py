@@ -2,7 +2,8 @@
 
 The thread that reads a job's output hands each batch to the job's LogSender and goes back to reading. While the
 console does not answer, the batches wait here, up to `max_pending_chars`; output past that is counted, not kept,
-and the console is told how much it missed. They are sent in order and once each when it answers again. A refusal
+and the console is told how much it missed. They are sent in order when it answers again (a post whose answer was
+lost after the console stored it is sent again: at least once, not exactly once). A refusal
 (the attempt moved on) ends the sending. The agent's local output.log and the job's log artifact keep everything
 whatever happens here.
 """
@@ -91,8 +92,8 @@ class LogSender:
     def _missed_note(self) -> str:
         if not self._missed:
             return ""
-        note = (f"\n[agent] {self._missed} characters of output were not sent here while the console did not "
-                "answer; the job's log artifact keeps them\n")
+        note = (f"\n[agent] {self._missed} characters of output were not sent here (the console did not take "
+                "them); the job's log artifact keeps them\n")
         self._missed = 0
         return note
 
@@ -133,6 +134,10 @@ class LogSender:
             except Exception as exc:  # noqa: BLE001 - the local log keeps everything
                 if not transient(exc):
                     logger.warning("%s: the console refused a log chunk: %s", self.name, exc)
+                    with self._changed:  # said in the log like output past the bound
+                        self._missed += len(chunk)
+                        if self._closing:  # (no put is left to carry the note)
+                            self._append(self._missed_note())
                     continue
                 logger.warning("%s: log not sent (%s); again in %.1f s", self.name, exc, delay)
                 with self._changed:  # first in line again, and counted: the bound holds what waits

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -747,7 +747,7 @@ class JobRunner:
         forwarder.start()
         room = self.log_max_chars  # characters still kept; past it the output is read and dropped
         mask = job.mask  # secret values never reach the log
-        with local_log:
+        with local_log, _setting(output_ended):
             while True:
                 ready, _, _ = select.select([fd], [], [], LOG_FLUSH_INTERVAL_S)
                 eof = False
@@ -963,6 +963,15 @@ class JobRunner:
         """job id -> GPU memory limit (MiB) of the running fractional jobs."""
         with self._lock:
             return {job.dispatch.job_id: job.limits.memory_mb for job in self._jobs.values() if job.limits}
+
+
+@contextlib.contextmanager
+def _setting(event: threading.Event) -> Iterator[None]:
+    """Set `event` on the way out, however the block ends (a thread waiting on it never outlives its job)."""
+    try:
+        yield
+    finally:
+        event.set()
 
 
 def _chown_tree(root: Path, uid: int, gid: int, *, modes: tuple[int, int] | None = None) -> None:
