@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from workers.agent import codefetch, jobsecrets
 from workers.agent.cgroups import GIB, CgroupSupport, JobCgroup, Limits, format_gb
 from workers.agent.masking import SecretMask
-from workers.agent.shim import shim_environment
+from workers.agent.shim import in_memory_file, shim_environment
 from workers.protocol import (
     CODE_PATH,
     CONTAINER_CHECKPOINTS,
@@ -416,9 +416,7 @@ class ContainerRuntime:
                 raise ContainerError(f"variable {name!r} cannot be passed to the container (a bad name, or a "
                                      "line break in its value)")
         # In memory only: a memfd podman reads through /dev/fd, inherited by the shim and podman alone.
-        fd = os.memfd_create("job-env", 0)
-        os.write(fd, "".join(f"{k}={v}\n" for k, v in env.items()).encode())
-        os.lseek(fd, 0, os.SEEK_SET)
+        fd = in_memory_file("".join(f"{k}={v}\n" for k, v in env.items()).encode())
         run = self.run_argv(job, binds, f"/dev/fd/{fd}", argv)
         cleanup = json.dumps(self.cleanup_argv(job.container.name))
         shim = [runner.python, "-m", "workers.agent.shim", "--grace", str(runner.grace_s),

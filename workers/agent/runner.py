@@ -47,7 +47,7 @@ from workers.agent.masking import SecretMask
 from workers.agent.progress import forwarded
 from workers.agent.sandbox import FilesystemView, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, reshared_limits, share_limits
-from workers.agent.shim import shim_environment
+from workers.agent.shim import in_memory_file, shim_environment
 from workers.protocol import (
     JOB_ENV_VARIABLES,
     PROGRESS_FILE_NAME,
@@ -647,9 +647,7 @@ class JobRunner:
             raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
         job.cgroup = self.cgroups.for_job(job.dispatch)
         env.update(self._process_secrets(job))  # last, just before the start
-        fd = os.memfd_create("job-env", 0)
-        os.write(fd, json.dumps(env).encode())
-        os.lseek(fd, 0, os.SEEK_SET)
+        fd = in_memory_file(json.dumps(env).encode())
         shim = [self.python, "-m", "workers.agent.shim", "--grace", str(self.grace_s),
                 "--stop-file", str(job.workdir / "stop-grace"),
                 *(job.user.shim_options() if job.user else []), *view_options,

@@ -55,6 +55,15 @@ def shim_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "TMPDIR")}
 
 
+def in_memory_file(data: bytes) -> int:
+    """An fd of a memfd holding `data`, read from its start: how a job's variables reach the shim (or podman),
+    never on disk or on a command line. The caller closes it once the shim has started."""
+    fd = os.memfd_create("job-env", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _prctl(option: int, value: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(option, value, 0, 0, 0) != 0:
