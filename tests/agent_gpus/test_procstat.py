@@ -34,7 +34,8 @@ def test_first_reading_has_no_burst_then_cpu_is_measured(spawn):
     assert first.alive and first.cpu_cores == 0.0 and first.pids == (busy.pid,)
     time.sleep(1.0)
     second = meter.measure([busy.pid])[busy.pid]
-    assert 0.2 <= second.cpu_cores <= 1.2  # one core at most (less on a loaded machine)
+    # Some CPU, and one core at most: how much a busy loop gets depends on how busy the machine is.
+    assert 0.0 < second.cpu_cores <= 1.2
     # Readings closer than min_interval_s repeat the previous one instead of measuring tick noise.
     assert meter.measure([busy.pid])[busy.pid] is second
 
@@ -50,7 +51,9 @@ def test_tree_without_children_files_uses_full_scans(spawn, monkeypatch):
         usage = meter.measure([launcher.pid])[launcher.pid]
     assert len(usage.pids) == 3 and usage.pids[0] == launcher.pid
     time.sleep(1.0)
-    assert meter.measure([launcher.pid])[launcher.pid].cpu_cores >= 0.3
+    # The launcher only sleeps: CPU measured for its tree is its busy children's, found without children files.
+    # Not a share of a core: on a loaded machine two busy loops may get little of one.
+    assert meter.measure([launcher.pid])[launcher.pid].cpu_cores > 0.05
 
 
 def test_dead_root_is_not_alive(spawn):
