@@ -434,6 +434,18 @@ class JobStatus:
         return RunningDetails.from_details(self.details)
 
 
+# --- a job's output, as an agent sends it ---------------------------------------------------------------------
+# Each host's output for an attempt is one stream. A log chunk carries its `offset`: the characters of that stream
+# its sender handed on before it. A chunk sent again because its answer was lost (the console stored it, the agent
+# never heard) therefore says where it starts, and the console stores each character once.
+
+
+def unseen_output(received: int, offset: int, data: str) -> str:
+    """The part of a chunk sent at `offset` that a receiver holding `received` characters of the stream lacks.
+    A chunk starting past `received` (the sender skipped one the receiver refused) is taken whole."""
+    return data[max(received - offset, 0):]
+
+
 # --- the job's environment: what the agent hands a job process, and what the runtime reads back -----------
 
 ENV_JOB_ID = "CONSOLE_JOB_ID"

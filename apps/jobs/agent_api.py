@@ -26,6 +26,10 @@ class StatusSerializer(serializers.Serializer):
 class LogSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(min_value=0)
     data = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
+    offset = serializers.IntegerField(
+        min_value=0, required=False,
+        help_text="Characters of this host's output for the attempt sent before this chunk: a chunk sent again "
+                  "is stored once. Without it the chunk is appended.")
 
 
 class ProgressSerializer(serializers.Serializer):

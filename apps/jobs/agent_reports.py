@@ -32,6 +32,7 @@ from workers.protocol import (
     ServingProgress,
     TrainingProgress,
     decode_progress_message,
+    unseen_output,
 )
 
 State = Job.State
@@ -128,12 +129,17 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
         return job, True
 
 
-def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
-    """Append output to the job's log, capped at JOBS_LOG_MAX_CHARS. Returns the log's size."""
+def job_append_log(*, host: Host, job_id: int, attempt: int, data: str, offset: int | None = None) -> int:
+    """Append output to the job's log, capped at JOBS_LOG_MAX_CHARS. Returns the log's size.
+
+    `offset`: where `data` starts in this host's output for the attempt; what the console already holds of it
+    (a chunk sent again) is not stored twice. Without it (an older agent) the chunk is appended as it comes."""
 
     limit = settings.JOBS_LOG_MAX_CHARS
     with transaction.atomic():
         job = _job_for_host(job_id, host, attempt)
+        if offset is not None:
+            data = _unseen_part(job, f"{attempt}/{host.pk}", offset, data)
         if job.log_truncated or not data:
             return job.log_size
         data = data.replace("\x00", "\ufffd")
@@ -145,6 +151,16 @@ def job_append_log(*, host: Host, job_id: int, attempt: int, data: str) -> int:
         size = job.log_size + len(data)
         Job.objects.filter(pk=job.pk).update(log_size=size, log_truncated=truncated)
         return size
+
+
+def _unseen_part(job: Job, stream: str, offset: int, data: str) -> str:
+    """What of `data` the job's log lacks from `stream`; records that the stream has reached its end."""
+    received = int(job.log_streams.get(stream, 0))
+    attempt = stream.split("/")[0]
+    streams = {key: count for key, count in job.log_streams.items() if key.split("/")[0] == attempt}
+    streams[stream] = max(received, offset + len(data))
+    Job.objects.filter(pk=job.pk).update(log_streams=streams)
+    return unseen_output(received, offset, data)
 
 
 def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any] | None = None,

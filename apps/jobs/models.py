@@ -135,6 +135,9 @@ class Job(models.Model):
     progress_at = models.DateTimeField(null=True, blank=True, help_text="When steps_done was last reported.")
     log_size = models.PositiveBigIntegerField(default=0, help_text="Characters of log stored.")
     log_truncated = models.BooleanField(default=False)
+    # Characters of output received from each host for the current attempt ({"<attempt>/<host id>": n}): a chunk
+    # an agent sends again is stored once (workers.protocol.unseen_output).
+    log_streams = models.JSONField(default=dict, blank=True)
     metrics_dropped = models.PositiveBigIntegerField(
         default=0, help_text="Named metric values the job reported that were not kept (a bad name or value, too many).")
 

@@ -14,7 +14,7 @@ import httpx
 from workers.agent.client import AgentConfigError, ConsoleRejected
 from workers.agent.logsender import LogSender
 from workers.agent.runner import JobRunner
-from workers.protocol import Dispatch, JobStatus
+from workers.protocol import Dispatch, JobStatus, unseen_output
 
 WAIT_S = 120  # a guard against hanging forever, never a figure the test measures
 
@@ -30,10 +30,14 @@ def appears(path: Path) -> bool:
 
 
 class Console:
-    """Takes log posts; down (connection refused) while `down` is set, blocked while `held` is clear."""
+    """Takes log posts as the console does (what it holds of a resent chunk is not stored twice); down (connection
+    refused) while `down` is set, blocked while `held` is clear; with `lose_answers` set it stores a post and then
+    its answer is lost."""
 
     def __init__(self) -> None:
-        self.received: list[str] = []
+        self.received: list[str] = []  # what it stored, post by post
+        self.stream = 0  # characters of the stream it holds
+        self.lose_answers = 0
         self.tries = 0
         self.down = threading.Event()
         self.held = threading.Event()
@@ -44,7 +48,7 @@ class Console:
         self.ended = threading.Event()
         self.tried = threading.Event()
 
-    def send(self, text: str) -> None:
+    def send(self, offset: int, text: str) -> None:
         self.tries += 1
         self.tried.set()
         assert self.held.wait(WAIT_S)
@@ -52,12 +56,18 @@ class Console:
             raise self.refuse("no")
         if self.down.is_set():
             raise httpx.ConnectError("connection refused")
-        self.received.append(text)
+        unseen = unseen_output(self.stream, offset, text)
+        self.stream = max(self.stream, offset + len(text))
+        if unseen:
+            self.received.append(unseen)
         self.events.append("log")
+        if self.lose_answers:
+            self.lose_answers -= 1
+            raise httpx.ReadTimeout("the answer was lost")
 
     # The JobRunner's client
-    def log(self, job_id: int, attempt: int, data: str) -> None:
-        self.send(data)
+    def log(self, job_id: int, attempt: int, data: str, offset: int) -> None:
+        self.send(offset, data)
 
     def report(self, job_id: int, status: JobStatus, *, attempts: int = 30) -> dict[str, Any]:
         self.statuses.append(status)
@@ -87,6 +97,21 @@ def test_output_the_console_did_not_take_is_sent_again_in_order_once(monkeypatch
     assert "".join(console.received) == "abcdefghijk"
     assert max(map(len, console.received)) <= 4  # chunks of the bound, a long put split across them
     assert console.tries > len(console.received)  # some posts failed and were made again
+
+
+def test_a_chunk_stored_by_the_console_whose_answer_was_lost_is_stored_once(monkeypatch) -> None:
+    monkeypatch.setattr("workers.agent.logsender.RETRY_FIRST_S", 0.01)
+    console = Console()
+    console.held.clear()  # the first post waits: what comes after it queues behind it
+    console.lose_answers = 2
+    sender = LogSender(console.send, name="job 6", chunk_chars=4)
+    sender.put("abc")
+    assert console.tried.wait(WAIT_S)
+    sender.put("defgh")  # sent again with "abc" after the lost answer, as one chunk of four: "abcd"
+    console.held.set()
+    assert sender.close(idle_s=WAIT_S)
+    # Stored: "abc", then of "abcd" (twice) only "d", then "efgh"; four posts.
+    assert console.received == ["abc", "d", "efgh"] and console.tries == 4
 
 
 def test_output_past_the_bound_is_counted_and_the_console_is_told() -> None:

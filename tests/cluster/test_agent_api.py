@@ -113,6 +113,30 @@ def test_full_job_lifecycle_through_the_agent_api(world, host_a, client_for):
         "queued", "placed", "running", "succeeded"]
 
 
+def test_a_log_chunk_sent_again_is_stored_once(world, host_a, client_for):
+    Host.objects.exclude(name="sim-a").update(state="down")
+    job = submit(world.member)
+    scheduler_pass()
+    client = agent(host_a[1])
+    base = f"/api/v1/agent/jobs/{job.pk}"
+    client.post(f"{base}/status/", {"state": "running", "attempt": 1}, format="json")
+
+    def post(**body: object) -> int:
+        answer = client.post(f"{base}/logs/", {"attempt": 1, **body}, format="json")
+        assert answer.status_code == 200, answer.content
+        return answer.json()["size"]
+
+    assert post(data="abc", offset=0) == 3
+    assert post(data="abcd", offset=0) == 4  # its answer was lost; sent again with what came after it
+    assert post(data="ef", offset=4) == post(data="ef", offset=4) == 6
+    assert post(data="xy", offset=9) == 8  # past what it holds (the agent skipped a chunk it refused): taken whole
+    assert post(data="old agent\n") == 18  # no offset: appended as it comes
+    logs = client_for(world.member).get(f"/api/v1/jobs/{job.pk}/logs/").json()
+    assert logs["data"] == "abcdefxyold agent\n"
+    bad = client.post(f"{base}/logs/", {"attempt": 1, "data": "x", "offset": -1}, format="json")
+    assert bad.status_code == 400 and "offset" in bad.json()
+
+
 def test_a_host_may_report_only_its_own_jobs(world, host_a):
     Host.objects.exclude(name="sim-a").update(state="down")
     job = submit(world.member)

@@ -2,9 +2,9 @@
 
 The thread that reads a job's output hands each batch to the job's LogSender and goes back to reading. While the
 console does not answer, the batches wait here, up to `max_pending_chars`; output past that is counted, not kept,
-and the console is told how much it missed. They are sent in order when it answers again (a post whose answer was
-lost after the console stored it is sent again: at least once, not exactly once). A refusal
-(the attempt moved on) ends the sending. The agent's local output.log and the job's log artifact keep everything
+and the console is told how much it missed. They are sent in order when it answers again. Each chunk carries its
+offset in the stream (workers.protocol.unseen_output), so a post whose answer was lost after the console stored it,
+sent again, is stored once. A refusal (the attempt moved on) ends the sending. The agent's local output.log and the job's log artifact keep everything
 whatever happens here.
 """
 
@@ -27,7 +27,7 @@ RETRY_MAX_S = 10.0
 
 
 class LogSender:
-    def __init__(self, send: Callable[[str], object], *, name: str, max_pending_chars: int = MAX_PENDING_CHARS,
+    def __init__(self, send: Callable[[int, str], object], *, name: str, max_pending_chars: int = MAX_PENDING_CHARS,
                  chunk_chars: int = CHUNK_CHARS) -> None:
         self._send = send
         self.name = name
@@ -35,6 +35,7 @@ class LogSender:
         self._chunk = chunk_chars
         self._pending: deque[str] = deque()
         self._pending_chars = 0
+        self._offset = 0  # characters of the stream sent (or refused) before the next chunk
         self._missed = 0  # characters not kept since the last ones that were
         self._changed = threading.Condition()
         self._closing = False
@@ -123,7 +124,7 @@ class LogSender:
             if chunk is None:
                 return
             try:
-                self._send(chunk)
+                self._send(self._offset, chunk)
             except ConsoleRejected as exc:  # the job moved on (cancelled or requeued): its output is not its record's
                 logger.info("%s: the console takes no more of its output: %s", self.name, exc)
                 with self._changed:
@@ -134,6 +135,7 @@ class LogSender:
             except Exception as exc:  # noqa: BLE001 - the local log keeps everything
                 if not transient(exc):
                     logger.warning("%s: the console refused a log chunk: %s", self.name, exc)
+                    self._offset += len(chunk)  # the next chunk starts after it: the console takes it whole
                     with self._changed:  # said in the log like output past the bound
                         self._missed += len(chunk)
                         if self._closing:  # (no put is left to carry the note)
@@ -149,5 +151,6 @@ class LogSender:
                 else:
                     delay = min(delay * 2, RETRY_MAX_S)
                 continue
+            self._offset += len(chunk)
             self.delivered_at = time.monotonic()
             delay = RETRY_FIRST_S

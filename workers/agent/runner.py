@@ -526,7 +526,7 @@ class JobRunner:
     def _run(self, job: JobProcess) -> None:
         dispatch = job.dispatch
         assert job.home is not None
-        job.log = LogSender(lambda text: self.client.log(dispatch.job_id, dispatch.attempt, text),
+        job.log = LogSender(lambda offset, text: self.client.log(dispatch.job_id, dispatch.attempt, text, offset),
                             name=f"job {dispatch.job_id} attempt {dispatch.attempt}")
         local_log = None
         try:
