@@ -364,8 +364,9 @@ class Registration:
     memory_mb: int = 0
     # How this agent runs jobs: "process" (on the host), "podman" or "docker" (OCI containers; --runtime).
     runtime: str = "process"
-    # How it keeps process jobs apart (a JobIsolation mode): only "own-uid" hosts take a job given secrets without
-    # an image, whose values go into its processes' environment. Blank: an agent that does not say.
+    # How it keeps process jobs apart (a JobIsolation mode): only "own-uid" hosts take a job given secrets or volumes
+    # without an image (the values go into its processes' environment, the volumes into its filesystem view).
+    # Blank: an agent that does not say.
     job_isolation: str = ""
     images: list[ImageRecord] = field(default_factory=list)  # a container host's cached images
     protocol: int = PROTOCOL_VERSION

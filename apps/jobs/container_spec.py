@@ -209,12 +209,9 @@ def checked_environment(*, image: Any, env: Any, secrets: Any, mounts: Any, code
         errors["env"] = {name: ["Also a secret the job names: the secret sets it."] for name in both}
     if "mounts" not in errors and mounts:
         _ask(lambda: validate_mount_names(team.pk, mounts), "mounts", errors)
-    # A job without an image runs as processes on the host: it gets its env and code there, and its secrets only
-    # from an agent that runs it under a uid of its own (placement: apps/scheduling/host_needs.py, OWN_UID); the
-    # process backend binds no volume.
-    if mounts and not image and "mounts" not in errors:
-        errors["mounts"] = ["Bound into the job's container: give an image too (a job without one runs as "
-                            "processes on the host, which get no volumes)."]
+    # A job without an image runs as processes on the host: it gets its env and code there, and its secrets and
+    # volumes only from an agent that runs it under a uid of its own (placement: apps/scheduling/host_needs.py,
+    # OWN_UID), the volumes bound in its filesystem view.
     if shm_gb is not None:
         if not image:
             errors["shm_gb"] = ["Sizes a container's /dev/shm: give an image too."]

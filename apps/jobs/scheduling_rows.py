@@ -29,7 +29,7 @@ JOB_FIELDS = {
     "time_limit_minutes_": F("time_limit_minutes"), "preemption_count_": F("preemption_count"),
     "workload_": F("workload"), "gpu_share_units_": F("gpu_share_units"), "gpu_memory_mb_": F("gpu_memory_mb"),
     "created_at_": F("created_at"), "image_": F("image"), "service_group_": F("service_group"),
-    "secrets_": F("secrets"),
+    "secrets_": F("secrets"), "mounts_": F("mounts"),
 }
 HOLDING_FIELDS = {
     "started_at_": F("started_at"), "placed_at_": F("placed_at"), "borrowing_": F("borrowing"),
@@ -84,8 +84,9 @@ def job_common(job: dict[str, Any], attained_gpu_seconds: float, now: float) -> 
         "gpu_memory_mb": job["gpu_memory_mb_"],
         "submitted_at": epoch(job["created_at_"]) or now,
         "needs_containers": bool(job["image_"]),
-        # Secrets go into a process job's environment: only under a uid no other job shares (host_needs.OWN_UID).
-        "needs_own_uid": bool(job["secrets_"]) and not job["image_"],
+        # A process job's secrets (in its environment) and volumes (in its view): only under a uid no other job
+        # shares, whose processes no other job can reach (host_needs.OWN_UID).
+        "needs_own_uid": bool(job["secrets_"] or job["mounts_"]) and not job["image_"],
         "service_group": job["service_group_"] or None,
     }
 
@@ -95,6 +96,6 @@ def pending_job(job: Job, now: float) -> PendingJob:
     row = {f"{name}_": getattr(job, name) for name in (
         "gpus", "priority", "gpu_type", "max_steps", "steps_done", "steps_per_second", "time_limit_minutes",
         "preemption_count", "workload", "gpu_share_units", "gpu_memory_mb", "created_at", "image",
-        "service_group", "secrets")}
+        "service_group", "secrets", "mounts")}
     row.update(job_id=job.pk, team_slug=job.team.slug, username=job.user.get_username())
     return PendingJob(**job_common(row, 0.0, now))

@@ -1,6 +1,6 @@
 """What a job needs of its host beyond GPUs: a container runtime (a job with an image), or an agent that runs each
-process job under a uid of its own (a job without an image that is given team secrets). One owner for placement,
-the pass's capacity reasons, the placeability check and the pending reasons."""
+process job under a uid of its own (a job without an image that is given team secrets or volumes). One owner for
+placement, the pass's capacity reasons, the placeability check and the pending reasons."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ CONTAINERS = HostNeed(
 )
 OWN_UID = HostNeed(
     "own-uid",
-    no_host=("no host runs jobs under a uid of their own: a job given secrets without an image needs an agent run "
-             "as root with --job-uids (or give the job an image)"),
+    no_host=("no host runs jobs under a uid of their own: a job given secrets or volumes without an image needs an "
+             "agent run as root with --job-uids (or give the job an image)"),
     hosts="the hosts that run each job under a uid of its own",
-    refusal="its host does not run each job under a uid of its own, and the job is given secrets",
+    refusal="its host does not run each job under a uid of its own, and the job is given secrets or volumes",
 )
 
 NEEDS = (CONTAINERS, OWN_UID)

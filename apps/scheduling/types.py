@@ -78,7 +78,8 @@ class PendingJob:
     gpu_memory_mb: int | None = None
     # The job runs in an OCI image: only hosts that run containers may take it (HostView.runs_containers).
     needs_containers: bool = False
-    # A job without an image that is given secrets: only hosts that run it under a uid of its own (host_needs).
+    # A job without an image that is given secrets or volumes: only hosts that run it under a uid of its own
+    # (host_needs).
     needs_own_uid: bool = False
     # A replica of an inference service: the service's replicas share this key (see preemption.py).
     service_group: str | None = None

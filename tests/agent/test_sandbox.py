@@ -11,12 +11,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from workers.agent.runner import CODE_ROOT, JobProcess, JobRunner, RunAs
-from workers.agent.sandbox import plan_view
+from workers.agent.sandbox import ViewError, plan_view
 from workers.protocol import Dispatch
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users and mounting need root")
@@ -95,6 +95,81 @@ def test_a_job_reaches_its_own_folders_and_the_python_it_needs_and_nothing_else(
     assert found["no_new_privs"] == "1" and found["pid1_visible"] is False
 
 
+@pytest.fixture
+def volume_folder():
+    """A host folder under /mnt holding another team's data: a volume's target is made inside it, in the view."""
+    folder = Path("/mnt") / f"console-sandbox-{os.getpid()}"
+    folder.mkdir(parents=True)
+    (folder / "other-team.txt").write_text("team blue's data")
+    yield folder
+    (folder / "other-team.txt").unlink()
+    folder.rmdir()
+
+
+def run_with_volumes(layout, binds, script: str) -> subprocess.CompletedProcess:
+    user = RunAs.job_user(JOB_UID, None)
+    view = plan_view(writable=[layout["home"]], readable=[Path(sys.prefix), Path(sys.base_prefix), CODE_ROOT],
+                     private=[layout["var"]], mask=[], can_search=user.can_search, binds=binds)
+    view_file = layout["top"].parent / "view.json"
+    view_file.write_text(view.to_json())
+    return subprocess.run([sys.executable, "-m", "workers.agent.shim", *user.shim_options(), "--view",
+                           str(view_file), "--", sys.executable, "-c", script],
+                          cwd=layout["home"], capture_output=True, text=True, timeout=60)
+
+
+def test_a_volume_is_bound_at_its_target_read_only_and_the_hosts_folder_there_is_covered(layout, volume_folder):
+    dataset = layout["top"] / "datasets" / "imagenet"  # under a 0700 folder: bound, not reached by its path
+    (dataset / "nested").mkdir(parents=True)
+    (dataset / "labels.txt").write_text("cat dog")
+    for folder in (dataset, dataset / "nested"):
+        folder.chmod(0o755)
+    (dataset / "labels.txt").chmod(0o644)
+    target = volume_folder / "data"  # not on the host: made in the view
+    found = run_in_probe(layout, [(dataset, PurePosixPath(target), True)], target / "labels.txt", target,
+                         volume_folder / "other-team.txt", volume_folder)
+    paths = found["paths"]
+    assert paths[str(target / "labels.txt")] == "read cat dog" and paths[str(target)] == "listed"
+    assert paths[str(volume_folder / "other-team.txt")] == "FileNotFoundError"  # covered, with the rest of it
+    assert not target.exists()  # the mount point was made in the view's tmpfs, not on the host
+    written = run_with_volumes(layout, [(dataset, PurePosixPath(target), True)], textwrap.dedent(f"""
+        import errno
+        for path in ({str(target / "new.txt")!r}, {str(target / "nested" / "new.txt")!r}):
+            try:
+                open(path, "w")
+            except OSError as exc:
+                print(errno.errorcode[exc.errno])
+    """))
+    assert written.returncode == 0, written.stderr
+    assert written.stdout.split() == ["EROFS", "EROFS"]  # read-only all the way down
+
+
+def test_a_writable_volume_takes_what_the_job_writes(layout, volume_folder):
+    scratch = layout["top"] / "scratch"
+    scratch.mkdir()
+    os.chown(scratch, JOB_UID, JOB_UID)
+    target = volume_folder / "scratch"
+    result = run_with_volumes(layout, [(scratch, PurePosixPath(target), False)],
+                              f"open({str(target / 'out.txt')!r}, 'w').write('kept')")
+    assert result.returncode == 0, result.stderr
+    assert (scratch / "out.txt").read_text() == "kept"
+
+
+def test_a_volume_in_the_way_of_the_jobs_own_folders_is_refused(layout, tmp_path):
+    user = RunAs.job_user(JOB_UID, None)
+    for target, why in ((layout["home"] / "data", "in the way of"), (layout["home"].parent, "in the way of"),
+                        (Path("/tmp/data"), "in the way of /tmp"),
+                        (Path(f"/no-such-folder-{os.getpid()}/data"), "does not exist on this host")):
+        with pytest.raises(ViewError, match=why):
+            plan_view(writable=[layout["home"]], readable=[], private=[], mask=[], can_search=user.can_search,
+                      binds=[(tmp_path, PurePosixPath(target), True)])
+
+
+def run_in_probe(layout, binds, *paths: Path) -> dict:
+    result = run_with_volumes(layout, binds, "import sys\n" + PROBE.replace("sys.argv[1:]", repr(list(map(str, paths)))))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def test_what_the_job_writes_in_its_view_lands_in_its_real_folders(layout):
     user = RunAs.job_user(JOB_UID, None)
     view = plan_view(writable=[layout["home"], layout["outputs"]], readable=[Path(sys.prefix), Path(sys.base_prefix)],
@@ -170,7 +245,7 @@ def test_a_job_inherits_only_the_allow_listed_environment(tmp_path, monkeypatch)
 # has no GPU; the host's /dev and /srv are untouched), and the job, given GPU 1, run in it by the shim.
 EXPOSED_HOST = textwrap.dedent("""
     import ctypes, json, os, stat, subprocess, sys
-    from pathlib import Path
+    from pathlib import Path, PurePosixPath
     from workers.agent.runner import JobProcess, JobRunner, RunAs
     from workers.protocol import Dispatch
     libc = ctypes.CDLL(None, use_errno=True)

@@ -22,9 +22,10 @@ PY = sys.executable
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    live = LiveCluster(tmp_path_factory.mktemp("cluster"),
-                       agents={"it-a": "2xH200", "it-b": "2xH200", "it-c": "1xL40S", "it-d": "1xA100",
-                               "it-e": "2xL4"})
+    base = tmp_path_factory.mktemp("cluster")
+    live = LiveCluster(base, agents={"it-a": "2xH200", "it-b": "2xH200", "it-c": "1xL40S", "it-d": "1xA100",
+                                     "it-e": "2xL4"},
+                       extra_env={"GPU_AGENT_VOLUME_ROOTS": str(base / "volumes")})
     try:
         live.start()
         admin = live.admin()
@@ -241,7 +242,7 @@ def test_gpuctl_submit_wait_streams_the_training_log_and_exits_0(cluster, tmp_pa
 
 def test_a_job_without_an_image_runs_in_its_uploaded_code_with_its_variables(cluster, tmp_path):
     """The process backend gives a job its spec's code (fetched into its folder, the working directory) and plain
-    variables, as the container backend does (secrets and volumes need an image: tests/jobs/test_job_environment.py)."""
+    variables, as the container backend does (its secrets and volumes: the test below)."""
     from workers import codepack
 
     code = tmp_path / "code"
@@ -268,16 +269,33 @@ def test_a_job_without_an_image_runs_in_its_uploaded_code_with_its_variables(clu
 
 
 
-def test_a_job_without_an_image_gets_its_secrets_only_on_a_host_that_runs_it_under_its_own_uid(cluster):
-    """A process job given secrets goes only to hosts whose agents run each job under a uid of its own (no other
-    job can read its environment there); the values reach its environment and are masked in its log. An agent that
-    is not root cannot switch users: its hosts register so, and the job waits saying why."""
+def test_a_job_without_an_image_gets_its_secrets_and_volumes_only_on_a_host_that_runs_it_under_its_own_uid(cluster):
+    """A process job given secrets and a volume goes only to hosts whose agents run each job under a uid of its own
+    (no other job can read its environment or reach its view there); the values reach its environment and are masked
+    in its log, the volume is at its target, read-only. An agent that is not root cannot switch users: its hosts
+    register so, and the job waits saying why."""
     secret = "process-secret-0123456789"
     created = cluster.admin().post("/api/v1/teams/it/secrets/", json={"name": "API_KEY", "value": secret})
     assert created.status_code == 201, created.text
+    data = cluster.base / "volumes" / "it-data"
+    data.mkdir(parents=True)
+    (data / "labels.txt").write_text("cat-dog")
+    data.chmod(0o755)
+    (data / "labels.txt").chmod(0o644)
+    volume = cluster.admin().post("/api/v1/volumes/", json={"name": "it-data", "host_path": str(data),
+                                                            "target": "/mnt/it-data", "teams": ["it"]})
+    assert volume.status_code == 201, volume.text
     hosts = {h["name"]: h["job_isolation"] for h in cluster.admin().get("/api/v1/hosts/").json()["results"]}
-    job = cluster.submit(gpus=1, gpu_type="H200", secrets=["API_KEY"], workload={"command": [
-        PY, "-c", "import os; key = os.environ['API_KEY']; print('key=' + key, 'length', len(key), 'uid', os.getuid())"]})
+    script = ("import os\n"
+              "key = os.environ['API_KEY']\n"
+              "print('key=' + key, 'length', len(key), 'uid', os.getuid())\n"
+              "print('labels=' + open('/mnt/it-data/labels.txt').read())\n"
+              "try:\n"
+              "    open('/mnt/it-data/new.txt', 'w')\n"
+              "except OSError as exc:\n"
+              "    print('write:', exc.strerror)\n")
+    job = cluster.submit(gpus=1, gpu_type="H200", secrets=["API_KEY"], mounts=["it-data"],
+                         workload={"command": [PY, "-c", script]})
     if os.geteuid() != 0:
         assert set(hosts.values()) == {"agent-user"}, hosts
         waiting = cluster.wait_for(lambda: (j := cluster.job(job["id"]))["pending_reason"] and j, timeout=60,
@@ -290,4 +308,5 @@ def test_a_job_without_an_image_gets_its_secrets_only_on_a_host_that_runs_it_und
     log = cluster.log(job["id"])
     assert done["state"] == "succeeded", log
     assert f"key=**** length {len(secret)} uid " in log and secret not in log
+    assert "labels=cat-dog" in log and "write: Read-only file system" in log and not (data / "new.txt").exists()
     assert done["runtime_info"]["isolation"] == "own-uid"

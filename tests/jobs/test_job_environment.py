@@ -14,6 +14,7 @@ from django.test import Client
 from apps.accounts.secrets import secret_create
 from apps.cluster.volumes import volume_create
 from apps.jobs.models import Job, JobEvent
+from apps.jobs.scheduling_rows import pending_job
 from tests.conftest import train_spec
 from tests.dashboard.test_jobs import form_data
 
@@ -65,14 +66,18 @@ def test_a_full_spec_is_stored_and_shown(team_things, client_for):
     assert "s3cr3t" not in str(list(JobEvent.objects.values()))
 
 
-def test_volumes_need_an_image(team_things, client_for):
-    """A job without an image runs as processes on the host, which get its env and code but no volume: asking for
-    one is a 400 naming the field, never a job that runs without it."""
+def test_volumes_without_an_image_are_taken_for_hosts_that_run_jobs_under_their_own_uid(team_things, client_for):
+    """A job without an image runs as processes on the host; its volumes are bound in its filesystem view by an agent
+    that runs it under a uid of its own (placement: tests/scheduling/test_host_needs.py)."""
     spec = container_spec(image="", shm_gb=None, secrets=[])
     response = client_for(team_things.member).post("/api/v1/jobs/", spec, format="json")
-    assert response.status_code == 400
-    assert set(response.json()) == {"mounts"} and "give an image too" in response.json()["mounts"][0]
-    assert not Job.objects.exists()
+    assert response.status_code == 201, response.content
+    job = Job.objects.get()
+    assert job.mounts == spec["mounts"] and pending_job(job, 0.0).needs_own_uid
+    bad = client_for(team_things.member).post("/api/v1/jobs/", {**spec, "mounts": ["not-there"]}, format="json")
+    assert bad.status_code == 400 and set(bad.json()) == {"mounts"}
+    plain = client_for(team_things.member).post("/api/v1/jobs/", {**spec, "mounts": []}, format="json")
+    assert not pending_job(Job.objects.get(pk=plain.json()["id"]), 0.0).needs_own_uid
 
 
 def test_secrets_without_an_image_are_taken_for_hosts_that_run_jobs_under_their_own_uid(team_things, client_for):

@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers.agent import codefetch, jobsecrets
+from workers.agent import codefetch, jobsecrets, volumes
 from workers.agent.cgroups import GIB, CgroupSupport, JobCgroup, Limits, format_gb
 from workers.agent.masking import SecretMask
 from workers.agent.shim import in_memory_file, shim_environment
@@ -70,9 +70,6 @@ PULL_TIMEOUT_S = float(os.environ.get("GPU_AGENT_PULL_TIMEOUT_S") or 1800)
 # The code of the job runtime (workers.runtime and workers/protocol.py, Django-free), bound read-only.
 WORKERS_ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_FILES = ("__init__.py", "protocol.py", "runtime")
-# Paths of the container the agent lays out itself: an admin's mount may not land on or inside them.
-RESERVED_TARGETS = ("/", "/workspace", RUNTIME_MOUNT_PATH, "/proc", "/sys", "/dev", "/etc", "/usr", "/bin",
-                    "/sbin", "/lib", "/lib64", "/run/secrets")
 # Variables of the agent's environment a container job gets too (tuning knobs of the collective libraries).
 INHERITED_PREFIXES = ("NCCL_", "GLOO_", "OMP_", "MKL_", "OPENBLAS_")
 NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
@@ -313,18 +310,11 @@ class ContainerRuntime:
         return binds
 
     def _admin_mount(self, mount: MountSpec) -> list[str]:
-        source = Path(os.path.realpath(mount.source))
-        if not any(source == root or root in source.parents for root in self.volume_roots):
-            roots = ", ".join(map(str, self.volume_roots)) or "none configured"
-            raise ContainerError(f"mount {mount.name}: {mount.source} is outside this host's volume roots "
-                                 f"(--volume-root: {roots})")
-        target = PurePosixPath(os.path.normpath(mount.target))
-        if not target.is_absolute() or any(target == PurePosixPath(r) or PurePosixPath(r) in target.parents
-                                           for r in RESERVED_TARGETS if r != "/") or str(target) == "/":
-            raise ContainerError(f"mount {mount.name}: target {mount.target} is not allowed")
-        if not source.exists():
-            raise ContainerError(f"mount {mount.name}: {mount.source} does not exist on this host")
-        return _bind(source, str(target), read_only=mount.read_only)
+        try:
+            bind = volumes.resolve(mount, self.volume_roots)
+        except volumes.VolumeError as exc:
+            raise ContainerError(str(exc)) from None
+        return _bind(bind.source, str(bind.target), read_only=bind.read_only)
 
     def secrets(self, job: JobProcess, runner: JobRunner) -> dict[str, str]:
         """The values of the secrets the dispatch names, fetched now from the console; ContainerError if it

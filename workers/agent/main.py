@@ -109,8 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--volume-root", action="append", type=Path,
                         default=[Path(p) for p in os.environ.get("GPU_AGENT_VOLUME_ROOTS", "").split(os.pathsep) if p],
                         metavar="PATH", help="a folder under which the console's named volumes may be bound into "
-                                             "containers; any other mount source fails the job; repeatable (env "
-                                             "GPU_AGENT_VOLUME_ROOTS, colon-separated)")
+                                             "jobs (containers, and process jobs under --job-uids); any other "
+                                             "mount source fails the job; repeatable (env GPU_AGENT_VOLUME_ROOTS, "
+                                             "colon-separated)")
     parser.add_argument("--oci-runtime", default=os.environ.get("GPU_AGENT_OCI_RUNTIME", ""), metavar="NAME",
                         help="the OCI runtime podman/docker use (e.g. runc where crun cannot run: cgroup v1 "
                              "hybrid hosts); default: theirs (env GPU_AGENT_OCI_RUNTIME)")
@@ -384,11 +385,11 @@ def main(argv: list[str] | None = None) -> None:
                        on_attach=attach, on_detach=detach,
                        gpus={d.index: (d.uuid, d.memory_mb) for d in backend.devices()},
                        mps=backend.kind == "nvml" and not args.no_mps, address=args.address, run_as=run_as,
-                       job_uids=job_uids, containers=containers)
+                       job_uids=job_uids, containers=containers, volume_roots=tuple(args.volume_root))
     logger.info("job isolation: %s", describe_isolation(run_as, job_uids))
+    logger.info("volumes only from below %s", ", ".join(map(str, args.volume_root)) or "(no --volume-root: none)")
     if containers is not None:
-        logger.info("jobs that name an image run in %s containers; mounts only below %s", containers.kind,
-                    ", ".join(map(str, containers.volume_roots)) or "(no --volume-root: none)")
+        logger.info("jobs that name an image run in %s containers", containers.kind)
     stop = threading.Event()
     message = registration(args, backend, containers, runner.process_isolation)
     try:

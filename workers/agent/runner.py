@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from workers.agent import codefetch, jobsecrets
+from workers.agent import codefetch, jobsecrets, volumes
 from workers.agent.cgroups import CgroupSupport, JobCgroup, denied_device_nodes
 from workers.agent.client import ConsoleClient, ConsoleRejected, transient
 from workers.agent.containers import CONTAINER_PYTHON, ContainerError, ContainerJob, ContainerRuntime
 from workers.agent.logsender import CHUNK_CHARS, LogSender
 from workers.agent.masking import SecretMask
 from workers.agent.progress import forwarded
-from workers.agent.sandbox import FilesystemView, plan_view
+from workers.agent.sandbox import FilesystemView, ViewError, plan_view
 from workers.agent.sharing import MpsControl, ShareLimits, reshared_limits, share_limits
 from workers.agent.shim import in_memory_file, shim_environment
 from workers.protocol import (
@@ -288,6 +288,7 @@ class JobRunner:
         pass_env: tuple[str, ...] = (),
         console_url: str = "",
         containers: ContainerRuntime | None = None,
+        volume_roots: tuple[Path, ...] = (),
     ) -> None:
         self.client = client
         self.work_root = work_root
@@ -319,6 +320,7 @@ class JobRunner:
         self.address = address
         self.cgroups = CgroupSupport(simulated=simulated)
         self.containers = containers  # --runtime podman|docker; None: every job runs as processes
+        self.volume_roots = volume_roots  # where the admin's volumes may come from (--volume-root)
 
     # --- what the console asks for
 
@@ -493,8 +495,8 @@ class JobRunner:
             return JobIsolation("agent-user", os.geteuid(), private_view=False)
         return JobIsolation("own-uid" if self._has_own_uid(job) else "shared-user", job.user.uid, private_view=True)
 
-    def view(self, job: JobProcess) -> FilesystemView:
-        """What the job sees of this host's files (see workers/agent/sandbox.py)."""
+    def view(self, job: JobProcess, binds: list[volumes.Bind] | None = None) -> FilesystemView:
+        """What the job sees of this host's files (see workers/agent/sandbox.py), with the volumes `binds`."""
         assert job.user is not None and job.home is not None
         readable = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(self.python)).parent.parent,
                     CODE_ROOT, *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
@@ -503,9 +505,13 @@ class JobRunner:
                          if index in self.gpus]
         # Other GPUs' device nodes: the job cannot open them even if it unsets CUDA_VISIBLE_DEVICES.
         others = [node.path for node in denied_device_nodes(job.dispatch.gpu_indices)]
-        return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
-                         private=self.private_paths, mask=[*self.mask_paths, *others],
-                         can_search=job.user.can_search)
+        try:
+            return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
+                             private=self.private_paths, mask=[*self.mask_paths, *others],
+                             can_search=job.user.can_search,
+                             binds=[(b.source, b.target, b.read_only) for b in binds or []])
+        except ViewError as exc:
+            raise volumes.VolumeError(f"a volume cannot be bound here: {exc}") from None
 
     def _reclaim(self, job: JobProcess) -> None:
         """Take back what a job under another user left behind: before its uid can go to another job, and so that
@@ -569,7 +575,8 @@ class JobRunner:
         except (OSError, ValueError, ContainerError, codefetch.CodeError, jobsecrets.SecretsError) as exc:
             if local_log is not None:
                 local_log.close()
-            told = isinstance(exc, (ContainerError, codefetch.CodeError, jobsecrets.SecretsError))  # (the reason)
+            told = isinstance(exc, (ContainerError, codefetch.CodeError, jobsecrets.SecretsError,
+                                    volumes.VolumeError))  # (the reason)
             reason = str(exc) if told else f"could not start the job: {exc}"
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             self._send_log(job, f"[agent] {reason}\n")
@@ -634,14 +641,30 @@ class JobRunner:
         job.mask = SecretMask(secrets.values())  # before any output of the job is read
         return secrets
 
+    def _process_volumes(self, job: JobProcess) -> list[volumes.Bind]:
+        """The volumes a process job names, bound in its view: only under a uid of its own (no other job can reach
+        its processes' files there, as for secrets). VolumeError with the reason otherwise."""
+        mounts = job.dispatch.container.mounts
+        if not mounts:
+            return []
+        if not self._has_own_uid(job):
+            raise volumes.VolumeError(
+                "this host does not run each job under a uid of its own (gpu-agent run as root with --job-uids): "
+                "it binds volumes only into jobs with an image")
+        binds = [volumes.resolve(mount, self.volume_roots) for mount in mounts]
+        for bind in binds:
+            self._send_log(job, f"[agent] {volumes.described(bind)}\n")
+        return binds
+
     def _host_command(self, job: JobProcess, argv: list[str], cwd: Path) -> tuple[list[str], int]:
         """The shim's argv that runs `argv` in `cwd` as processes on this host (the process backend), and the fd
         of the job's environment (in memory; the shim inherits it, the caller closes it once the shim started)."""
         assert job.home is not None
         env = self.environment(job)
         view_options: list[str] = []
+        binds = self._process_volumes(job)
         if job.user is not None:
-            _write_private(job.workdir / "view.json", self.view(job).to_json())
+            _write_private(job.workdir / "view.json", self.view(job, binds).to_json())
             view_options = ["--view", str(job.workdir / "view.json")]
         if shutil.which(argv[0], path=env.get("PATH")) is None and not (cwd / argv[0]).is_file():
             raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])

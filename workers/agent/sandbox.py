@@ -7,6 +7,11 @@ writable; the Python environment and the code read-only). It also gets a private
 that shows it only its own processes. The shim applies the view in the job's first process, as root, just before
 it drops to the job's user: nothing the job starts can leave the namespace or undo it without privileges.
 
+The admin's volumes a job names are bound at their targets (`binds`): the folder holding a target is covered like
+a hidden one (a job under /mnt sees its own volumes there, not the host's other mounts), so the mount point is made
+in that tmpfs, never on the host; a target right under / must exist on the host. Each is bound without the mounts
+below its source (a read-only bind stays read-only all the way down) and with nosuid and nodev.
+
 Paths keep their names, so a job's argv, the virtual environment's interpreter and the editable install of the
 runtime work unchanged; covering a folder the job cannot traverse and putting back only what it needs is how a job
 reaches its code in a checkout under a private (0700) folder without that folder being opened to anyone.
@@ -20,7 +25,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1
@@ -39,6 +44,10 @@ class SandboxError(OSError):
     """The view could not be built: the job must not start without it."""
 
 
+class ViewError(ValueError):
+    """A view the agent will not plan (a volume's target in the way of what the job needs); the job's reason."""
+
+
 @dataclass(frozen=True)
 class FilesystemView:
     hide: tuple[str, ...] = ()  # folders covered by an empty, read-only-for-the-job tmpfs
@@ -47,6 +56,7 @@ class FilesystemView:
     readable: tuple[str, ...] = ()  # put back read-only at the same path
     private_tmp: tuple[str, ...] = PRIVATE_TMP  # a fresh world-writable (sticky) tmpfs each
     own_processes_only: bool = True  # /proc with hidepid=invisible
+    binds: tuple[tuple[str, str, bool], ...] = ()  # (source, target, read-only): the volumes the job names
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -54,11 +64,14 @@ class FilesystemView:
     @classmethod
     def from_json(cls, text: str) -> FilesystemView:
         data = json.loads(text)
-        return cls(**{name: tuple(value) if isinstance(value, list) else value for name, value in data.items()})
+        binds = tuple((str(source), str(target), bool(read_only)) for source, target, read_only in data.pop("binds", []))
+        fields = {name: tuple(value) if isinstance(value, list) else value for name, value in data.items()}
+        return cls(**fields, binds=binds)
 
 
 def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: Iterable[Path],
-              mask: Iterable[Path], can_search: Callable[[Path], bool]) -> FilesystemView:
+              mask: Iterable[Path], can_search: Callable[[Path], bool],
+              binds: Iterable[tuple[Path, PurePosixPath, bool]] = ()) -> FilesystemView:
     """The view of a job that needs `writable` and `readable`, must not see `private` (folders) nor `mask` (files).
 
     `can_search(folder)` says whether the job's user may traverse `folder`. A folder on the way to what the job
@@ -66,12 +79,17 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
     job needs below it is put back, so the job reaches exactly what it needs. This holds below what is put back
     as well: a code root put back read-only brings back its own private folders (a checkout's `var/`), which are
     covered again, and a work folder inside one of them is put back inside that cover.
+
+    `binds` (source, target, read-only): volumes, bound at their targets; ViewError if one is in the way.
     """
     writable = [_real(p) for p in writable if p.exists()]
     readable = [_real(p) for p in readable if p.exists()]
     needed = {*writable, *readable}
     hide = {_real(p) for p in private if p.exists() and p.is_dir()}
     tmp = {Path(p) for p in PRIVATE_TMP}
+    placed = [(source, *_bind_target(Path(target), [*needed, *hide, *tmp]), read_only)
+              for source, target, read_only in binds]
+    hide |= {cover for _, _, cover, _ in placed if cover is not None}
 
     def nearest_above(folder: Path) -> Path | None:
         """The deepest covered or put-back folder strictly above `folder`: what decides what the job meets there."""
@@ -109,7 +127,29 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
         mask=tuple(sorted({str(_real(p)) for p in mask if p.exists() and not p.is_dir()})),
         writable=tuple(sorted({str(p) for p in writable if needs_putting_back(p)})),
         readable=tuple(sorted({str(p) for p in readable if needs_putting_back(p)})),
+        binds=tuple((str(source), str(target), read_only) for source, target, _, read_only in placed),
     )
+
+
+def _bind_target(target: Path, laid_out: list[Path]) -> tuple[Path, Path | None]:
+    """Where a volume lands in the view (`target`, the links of the host folders above it resolved), and the host
+    folder covered to make its mount point in (the deepest that exists above it; None right under /, where the
+    target must be a folder of the host's). It may neither be nor hold nor sit in what the view lays out."""
+    folder = target.parent
+    while not folder.exists() and folder != Path("/"):
+        folder = folder.parent
+    if folder == Path("/") and target.parent != Path("/"):
+        raise ViewError(f"target {target}: its folder {target.parent} does not exist on this host")
+    cover: Path | None = _real(folder)
+    placed = _real(folder) / target.relative_to(folder)
+    if cover == Path("/"):
+        if not placed.is_dir():
+            raise ViewError(f"target {target}: right under /, it must be a folder on this host")
+        cover = None
+    for path in laid_out:
+        if path == placed or placed in path.parents or path in placed.parents:
+            raise ViewError(f"target {target}: in the way of {path}, which the agent lays out for the job")
+    return placed, cover
 
 
 def _real(path: Path) -> Path:
@@ -152,10 +192,13 @@ def enter(view: FilesystemView) -> None:
     # Open what is put back before anything covers it (a covered path can no longer be reached by name), and
     # only now: a bind mount's source must be a mount of this namespace.
     sources = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in (*view.writable, *view.readable)}
+    volumes: dict[str, tuple[int, bool]] = {}
     try:
+        for volume_source, volume_target, read_only in view.binds:
+            volumes[volume_target] = (os.open(volume_source, os.O_PATH | os.O_CLOEXEC), read_only)
         steps: list[tuple[int, int, str, str]] = []  # (depth, order, kind, path): parents before children
         for kind, paths in (("hide", view.hide), ("tmp", view.private_tmp), ("writable", view.writable),
-                            ("readable", view.readable), ("mask", view.mask)):
+                            ("readable", view.readable), ("mask", view.mask), ("volume", tuple(volumes))):
             for path in paths:
                 steps.append((len(Path(path).parts), 0 if kind in ("hide", "tmp") else 1, kind, path))
         for _, _, kind, path in sorted(steps):
@@ -168,6 +211,12 @@ def enter(view: FilesystemView) -> None:
             elif kind == "mask":
                 if os.path.lexists(target):
                     _mount("/dev/null", path, None, MS_BIND)
+            elif kind == "volume":
+                fd, volume_read_only = volumes[path]
+                _ensure_mount_point(target, is_dir=stat.S_ISDIR(os.fstat(fd).st_mode))
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)  # not MS_REC: read-only holds throughout
+                _mount(None, path, None,
+                       MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if volume_read_only else 0))
             else:
                 source = sources[path]
                 _ensure_mount_point(target, is_dir=stat.S_ISDIR(os.fstat(source).st_mode))
@@ -177,7 +226,7 @@ def enter(view: FilesystemView) -> None:
         if view.own_processes_only:
             _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
     finally:
-        for fd in sources.values():
+        for fd in [*sources.values(), *(fd for fd, _ in volumes.values())]:
             os.close(fd)
 
 
