@@ -154,6 +154,27 @@ def test_a_writable_volume_takes_what_the_job_writes(layout, volume_folder):
     assert (scratch / "out.txt").read_text() == "kept"
 
 
+def test_a_volume_whose_source_was_swapped_for_a_link_after_the_check_is_not_bound(layout, volume_folder):
+    shared = layout["top"] / "shared"
+    (shared / "data").mkdir(parents=True)
+    secret = layout["top"] / "another-teams-data"
+    secret.mkdir()
+    (secret / "weights.txt").write_text("not yours")
+    user = RunAs.job_user(JOB_UID, None)
+    view = plan_view(writable=[layout["home"]], readable=[Path(sys.prefix), Path(sys.base_prefix), CODE_ROOT],
+                     private=[], mask=[], can_search=user.can_search,
+                     binds=[(shared / "data", PurePosixPath(volume_folder / "data"), True)])
+    (shared / "data").rename(shared / "was-data")  # a job that could write in `shared` swaps the folder ...
+    (shared / "data").symlink_to(secret)  # ... for a link, between the agent's check and the job's start
+    view_file = layout["top"].parent / "view.json"
+    view_file.write_text(view.to_json())
+    result = subprocess.run([sys.executable, "-m", "workers.agent.shim", *user.shim_options(), "--view",
+                             str(view_file), "--", "cat", str(volume_folder / "data" / "weights.txt")],
+                            cwd=layout["home"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 126 and "changed since the agent checked it" in result.stderr, result
+    assert "not yours" not in result.stdout
+
+
 def test_a_volume_in_the_way_of_the_jobs_own_folders_is_refused(layout, tmp_path):
     user = RunAs.job_user(JOB_UID, None)
     for target, why in ((layout["home"] / "data", "in the way of"), (layout["home"].parent, "in the way of"),

@@ -20,6 +20,7 @@ reaches its code in a checkout under a private (0700) folder without that folder
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import stat
@@ -168,8 +169,8 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     encode = lambda value: None if value is None else value.encode()  # noqa: E731
     if libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
-        errno = ctypes.get_errno()
-        raise SandboxError(errno, f"mount {fstype or 'bind'} {source or ''} on {target}: {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise SandboxError(code, f"mount {fstype or 'bind'} {source or ''} on {target}: {os.strerror(code)}")
 
 
 def _ensure_mount_point(path: Path, *, is_dir: bool) -> None:
@@ -186,8 +187,8 @@ def _ensure_mount_point(path: Path, *, is_dir: bool) -> None:
 def enter(view: FilesystemView) -> None:
     """Give this process a private mount namespace laid out as `view` says. Raises SandboxError on any failure."""
     if _libc().unshare(CLONE_NEWNS) != 0:
-        errno = ctypes.get_errno()
-        raise SandboxError(errno, f"unshare(CLONE_NEWNS): {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise SandboxError(code, f"unshare(CLONE_NEWNS): {os.strerror(code)}")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here shows outside
     # Open what is put back before anything covers it (a covered path can no longer be reached by name), and
     # only now: a bind mount's source must be a mount of this namespace.
@@ -195,7 +196,12 @@ def enter(view: FilesystemView) -> None:
     volumes: dict[str, tuple[int, bool]] = {}
     try:
         for volume_source, volume_target, read_only in view.binds:
-            volumes[volume_target] = (os.open(volume_source, os.O_PATH | os.O_CLOEXEC), read_only)
+            fd = os.open(volume_source, os.O_PATH | os.O_CLOEXEC)
+            volumes[volume_target] = (fd, read_only)
+            # The agent resolved the source's links when it checked it against its volume roots; a folder on the
+            # way swapped for a link since (by a job with another volume writable there) must not redirect it.
+            if os.readlink(f"/proc/self/fd/{fd}") != volume_source:
+                raise SandboxError(errno.EXDEV, f"volume source {volume_source} changed since the agent checked it")
         steps: list[tuple[int, int, str, str]] = []  # (depth, order, kind, path): parents before children
         for kind, paths in (("hide", view.hide), ("tmp", view.private_tmp), ("writable", view.writable),
                             ("readable", view.readable), ("mask", view.mask), ("volume", tuple(volumes))):
