@@ -295,7 +295,7 @@ class ContainerRuntime:
             binds.append(_bind(folder, target, read_only=False))
         binds += [_bind(WORKERS_ROOT / name, f"{RUNTIME_MOUNT_PATH}/workers/{name}", read_only=True)
                   for name in RUNTIME_FILES]
-        binds += [self._admin_mount(mount) for mount in spec.mounts]
+        binds += [self._admin_mount(mount, runner.runs_jobs_as) for mount in spec.mounts]
         if spec.code is not None:
             code = job.workdir / "code"
             try:
@@ -309,9 +309,9 @@ class ContainerRuntime:
         log(f"[agent] image {spec.image} ({job.container.resolved}), {self.kind} container {job.container.name}\n")
         return binds
 
-    def _admin_mount(self, mount: MountSpec) -> list[str]:
+    def _admin_mount(self, mount: MountSpec, runs_jobs_as: Callable[[int], bool]) -> list[str]:
         try:
-            bind = volumes.resolve(mount, self.volume_roots)
+            bind = volumes.resolve(mount, self.volume_roots, runs_jobs_as)
         except volumes.VolumeError as exc:
             raise ContainerError(str(exc)) from None
         return _bind(bind.source, str(bind.target), read_only=bind.read_only)

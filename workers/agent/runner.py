@@ -481,6 +481,11 @@ class JobRunner:
         """Whether the job runs under a uid of its own (--job-uids), not the shared --run-as user."""
         return self.job_uids is not None and job.user is not None and job.user is not self.run_as
 
+    def runs_jobs_as(self, uid: int) -> bool:
+        """Whether jobs run as user `uid` here (a --job-uids uid or the --run-as user)."""
+        in_range = self.job_uids is not None and self.job_uids.first <= uid <= self.job_uids.last
+        return in_range or (self.run_as is not None and uid == self.run_as.uid)
+
     @property
     def process_isolation(self) -> str:
         """How this agent keeps its process jobs apart (a JobIsolation mode), as it registers it."""
@@ -651,7 +656,7 @@ class JobRunner:
             raise volumes.VolumeError(
                 "this host does not run each job under a uid of its own (gpu-agent run as root with --job-uids): "
                 "it binds volumes only into jobs with an image")
-        binds = [volumes.resolve(mount, self.volume_roots) for mount in mounts]
+        binds = [volumes.resolve(mount, self.volume_roots, self.runs_jobs_as) for mount in mounts]
         for bind in binds:
             self._send_log(job, f"[agent] {volumes.described(bind)}\n")
         return binds
