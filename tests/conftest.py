@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Role, Team
 from apps.cluster.models import GPU
-from tests import fault_table, hang_watch, module_cpu, module_seconds
+from tests import fault_table, hang_watch, job_cgroups, module_cpu, module_seconds
 from tests.factories import HostFactory, MembershipFactory, TeamFactory, UserFactory, add_gpus
 
 
@@ -138,9 +138,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def pytest_configure(config) -> None:
     module_cpu.register(config)
     hang_watch.register(config)
+    job_cgroups.isolate()
 
 
 def pytest_unconfigure(config) -> None:
+    job_cgroups.remove_own()
     hang_watch.arm_exit_watch(config)
 
 
