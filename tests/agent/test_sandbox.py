@@ -175,6 +175,36 @@ def test_a_volume_whose_source_was_swapped_for_a_link_after_the_check_is_not_bou
     assert "not yours" not in result.stdout
 
 
+def test_the_agents_python_is_read_only_to_the_job_even_where_the_host_lets_anyone_write_it(layout):
+    """The shim runs the agent's Python as root: a job that could write a module there (a virtual environment owned
+    by the --run-as user, say) would run its code as root at the next job's start."""
+    venv = Path("/var/tmp") / f"console-sandbox-venv-{os.getpid()}"  # outside any folder the view covers
+    (venv / "site-packages").mkdir(parents=True)
+    for folder in (venv, venv / "site-packages"):
+        folder.chmod(0o777)
+    try:
+        user = RunAs.job_user(JOB_UID, None)
+        view = plan_view(writable=[layout["home"]], readable=[Path(sys.prefix), Path(sys.base_prefix), CODE_ROOT, venv],
+                         private=[layout["var"]], mask=[], can_search=user.can_search)
+        view_file = layout["top"].parent / "view.json"
+        view_file.write_text(view.to_json())
+        planted = venv / "site-packages" / "sitecustomize.py"
+        result = subprocess.run([sys.executable, "-m", "workers.agent.shim", *user.shim_options(), "--view",
+                                 str(view_file), "--", sys.executable, "-c", textwrap.dedent(f"""
+                                     import errno
+                                     try:
+                                         open({str(planted)!r}, "w").write("import os; os.system('id')")
+                                     except OSError as exc:
+                                         print(errno.errorcode[exc.errno])
+                                 """)], cwd=layout["home"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["EROFS"] and not planted.exists()
+    finally:
+        for path in sorted(venv.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        venv.rmdir()
+
+
 def test_a_volume_in_the_way_of_the_jobs_own_folders_is_refused(layout, tmp_path):
     user = RunAs.job_user(JOB_UID, None)
     for target, why in ((layout["home"] / "data", "in the way of"), (layout["home"].parent, "in the way of"),

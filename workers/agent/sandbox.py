@@ -118,7 +118,11 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
     # A covered folder the job cannot meet anyway (under another cover, nothing put back in between) is left out:
     # its mount point would not exist in the view.
     hide = {p for p in hide if (top := nearest_above(p)) is None or top in needed}
-    covered = [*hide, *tmp]
+    # What the job reads is bound read-only wherever it is, not only below a cover: the agent's Python and code
+    # are what its shim runs as root, and a job must not write them even where the host's permissions would let it
+    # (a virtual environment owned by the --run-as user, a group-writable install). A writable folder inside one is
+    # put back after it.
+    covered = [*hide, *tmp, *readable]
 
     def needs_putting_back(path: Path) -> bool:
         return any(path != top and path.is_relative_to(top) for top in covered)
@@ -127,7 +131,7 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
         hide=tuple(sorted(map(str, hide))),
         mask=tuple(sorted({str(_real(p)) for p in mask if p.exists() and not p.is_dir()})),
         writable=tuple(sorted({str(p) for p in writable if needs_putting_back(p)})),
-        readable=tuple(sorted({str(p) for p in readable if needs_putting_back(p)})),
+        readable=tuple(sorted({str(p) for p in readable})),
         binds=tuple((str(source), str(target), read_only) for source, target, _, read_only in placed),
     )
 
