@@ -436,9 +436,10 @@ class JobStatus:
 
 
 # --- a job's output, as an agent sends it ---------------------------------------------------------------------
-# Each host's output for an attempt is one stream. A log chunk carries its `offset`: the characters of that stream
-# its sender handed on before it. A chunk sent again because its answer was lost (the console stored it, the agent
-# never heard) therefore says where it starts, and the console stores each character once.
+# An agent sends a job attempt's output as one stream, named by a random id of the sender's (an agent restarted
+# while the attempt is still placed starts a new one). A log chunk carries the stream and its `offset`: the
+# characters of that stream handed on before it. A chunk sent again because its answer was lost (the console
+# stored it, the agent never heard) therefore says where it starts, and the console stores each character once.
 
 
 def unseen_output(received: int, offset: int, data: str) -> str:

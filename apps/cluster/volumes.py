@@ -180,6 +180,12 @@ def _usable(team_id: int, names: list[str]) -> list[Volume]:
         if volume.target in targets:
             raise InvalidInput({"mounts": [f"Volumes {targets[volume.target]} and {volume.name} both mount at "
                                            f"{volume.target}; a job mounts one of them."]})
+        # One inside another would have its mount point made in the other's folder on the host.
+        nested = next((target for target in targets
+                       if _under(volume.target, target) or _under(target, volume.target)), None)
+        if nested is not None:
+            raise InvalidInput({"mounts": [f"Volumes {targets[nested]} ({nested}) and {volume.name} ({volume.target}) "
+                                           "mount one inside the other; a job mounts one of them."]})
         targets[volume.target] = volume.name
     return volumes
 

@@ -28,8 +28,12 @@ class LogSerializer(serializers.Serializer):
     data = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
     offset = serializers.IntegerField(
         min_value=0, required=False,
-        help_text="Characters of this host's output for the attempt sent before this chunk: a chunk sent again "
+        help_text="Characters of this sender's output for the attempt sent before this chunk: a chunk sent again "
                   "is stored once. Without it the chunk is appended.")
+    stream = serializers.RegexField(
+        r"^[A-Za-z0-9_-]{0,32}$", required=False, default="",
+        help_text="The agent's sender of this output (a new one each time the agent starts the attempt): offsets "
+                  "count within it.")
 
 
 class ProgressSerializer(serializers.Serializer):

@@ -129,38 +129,35 @@ def job_report_status(*, host: Host, job_id: int, status: JobStatus) -> tuple[Jo
         return job, True
 
 
-def job_append_log(*, host: Host, job_id: int, attempt: int, data: str, offset: int | None = None) -> int:
+def job_append_log(*, host: Host, job_id: int, attempt: int, data: str, offset: int | None = None,
+                   stream: str = "") -> int:
     """Append output to the job's log, capped at JOBS_LOG_MAX_CHARS. Returns the log's size.
 
-    `offset`: where `data` starts in this host's output for the attempt; what the console already holds of it
-    (a chunk sent again) is not stored twice. Without it (an older agent) the chunk is appended as it comes."""
+    `offset`: where `data` starts in the output the agent's sender `stream` has sent for the attempt; what the
+    console already holds of it (a chunk sent again) is not stored twice. Without it (an older agent) the chunk is
+    appended as it comes."""
 
     limit = settings.JOBS_LOG_MAX_CHARS
     with transaction.atomic():
         job = _job_for_host(job_id, host, attempt)
+        changes: dict[str, Any] = {}
         if offset is not None:
-            data = _unseen_part(job, f"{attempt}/{host.pk}", offset, data)
-        if job.log_truncated or not data:
-            return job.log_size
-        data = data.replace("\x00", "\ufffd")
-        room = limit - job.log_size
-        truncated = len(data) > room
-        if truncated:
-            data = data[:max(room, 0)] + f"\n[log truncated at {limit} characters; the job keeps running]\n"
-        JobLogChunk.objects.create(job=job, offset=job.log_size, data=data)
-        size = job.log_size + len(data)
-        Job.objects.filter(pk=job.pk).update(log_size=size, log_truncated=truncated)
-        return size
-
-
-def _unseen_part(job: Job, stream: str, offset: int, data: str) -> str:
-    """What of `data` the job's log lacks from `stream`; records that the stream has reached its end."""
-    received = int(job.log_streams.get(stream, 0))
-    attempt = stream.split("/")[0]
-    streams = {key: count for key, count in job.log_streams.items() if key.split("/")[0] == attempt}
-    streams[stream] = max(received, offset + len(data))
-    Job.objects.filter(pk=job.pk).update(log_streams=streams)
-    return unseen_output(received, offset, data)
+            key = f"{attempt}/{host.pk}/{stream}"  # (streams of earlier attempts are dropped)
+            received = int(job.log_streams.get(key, 0))
+            streams = {k: n for k, n in job.log_streams.items() if k.split("/")[0] == str(attempt)}
+            changes["log_streams"] = {**streams, key: max(received, offset + len(data))}
+            data = unseen_output(received, offset, data)
+        if not job.log_truncated and data:
+            data = data.replace("\x00", "\ufffd")
+            room = limit - job.log_size
+            truncated = len(data) > room
+            if truncated:
+                data = data[:max(room, 0)] + f"\n[log truncated at {limit} characters; the job keeps running]\n"
+            JobLogChunk.objects.create(job=job, offset=job.log_size, data=data)
+            changes.update(log_size=job.log_size + len(data), log_truncated=truncated)
+        if changes:
+            Job.objects.filter(pk=job.pk).update(**changes)
+        return int(changes.get("log_size", job.log_size))
 
 
 def job_record_progress(*, host: Host, job_id: int, attempt: int, progress: dict[str, Any] | None = None,

@@ -33,7 +33,7 @@ class Console:
             self.ended.set()
         return {"state": status.state, "accepted": True}
 
-    def log(self, job_id: int, attempt: int, data: str, offset: int) -> None:
+    def log(self, job_id: int, attempt: int, data: str, offset: int, stream: str) -> None:
         pass
 
     def progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ class Console:
         self.ended = threading.Event()
         self.tried = threading.Event()
 
-    def send(self, offset: int, text: str) -> None:
+    def send(self, offset: int, text: str, stream: str = "") -> None:
         self.tries += 1
         self.tried.set()
         assert self.held.wait(WAIT_S)
@@ -66,8 +66,8 @@ class Console:
             raise httpx.ReadTimeout("the answer was lost")
 
     # The JobRunner's client
-    def log(self, job_id: int, attempt: int, data: str, offset: int) -> None:
-        self.send(offset, data)
+    def log(self, job_id: int, attempt: int, data: str, offset: int, stream: str) -> None:
+        self.send(offset, data, stream)
 
     def report(self, job_id: int, status: JobStatus, *, attempts: int = 30) -> dict[str, Any]:
         self.statuses.append(status)

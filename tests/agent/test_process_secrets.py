@@ -18,7 +18,7 @@ class Console(EndConsole):
         self.logs: list[str] = []
         self.secrets_asked = 0
 
-    def log(self, job_id: int, attempt: int, data: str, offset: int) -> None:
+    def log(self, job_id: int, attempt: int, data: str, offset: int, stream: str) -> None:
         self.logs.append(data)
 
     def job_secrets(self, job_id: int, attempt: int, *, attempts: int = 5) -> dict[str, str]:

@@ -27,8 +27,9 @@ def dataset(tmp_path: Path) -> Path:
     return folder
 
 
-def run(runner: JobRunner, console: Console, mount: MountSpec, job_id: int) -> tuple[str, str, str]:
-    target = Path(mount.target) / "labels.txt"
+def run(runner: JobRunner, console: Console, mount: MountSpec, job_id: int,
+        read: Path | None = None) -> tuple[str, str, str]:
+    target = read or Path(mount.target) / "labels.txt"
     dispatch = Dispatch(job_id=job_id, attempt=1, host="h", gpu_indices=(0,), kind="train", preset="baseline-fp32",
                         workload={"command": [sys.executable, "-c", READ, str(target)]}, time_limit_s=60,
                         container=ContainerSpec(mounts=(mount,)))
@@ -61,6 +62,13 @@ def test_a_process_job_reads_its_volume_at_its_target_and_nothing_from_outside_t
     assert f"[agent] volume imagenet: {source} at {target} (read-only)" in log
     assert "labels: cat dog uid 393" in log  # read at its target, under the job's own uid
     assert not Path(target).exists()  # made in the job's view only
+    # Nothing of the volume roots at their host paths: another team's volume there is out of reach.
+    (tmp_path / "volumes" / "other-team").mkdir(mode=0o755)
+    (tmp_path / "volumes" / "other-team" / "weights.txt").write_text("not yours")
+    (tmp_path / "volumes" / "other-team" / "weights.txt").chmod(0o644)
+    peek = MountSpec("imagenet", str(source), target)
+    state, reason, log = run(runner, console, peek, 4, read=tmp_path / "volumes" / "other-team" / "weights.txt")
+    assert state == "failed" and "FileNotFoundError" in log and "not yours" not in log
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     state, reason, log = run(runner, console, MountSpec("other", str(outside), "/mnt/other"), 3)

@@ -205,6 +205,17 @@ def test_the_agents_python_is_read_only_to_the_job_even_where_the_host_lets_anyo
         venv.rmdir()
 
 
+def test_volumes_one_inside_the_other_or_below_a_file_are_refused(layout, volume_folder, tmp_path):
+    user = RunAs.job_user(JOB_UID, None)
+    for binds, why in (
+            ([(tmp_path, PurePosixPath(volume_folder / "a")), (tmp_path, PurePosixPath(volume_folder / "a" / "b"))],
+             "one inside the other"),
+            ([(tmp_path, PurePosixPath(volume_folder / "other-team.txt" / "x"))], "is no folder")):
+        with pytest.raises(ViewError, match=why):
+            plan_view(writable=[layout["home"]], readable=[], private=[], mask=[], can_search=user.can_search,
+                      binds=[(source, target, True) for source, target in binds])
+
+
 def test_a_volume_in_the_way_of_the_jobs_own_folders_is_refused(layout, tmp_path):
     user = RunAs.job_user(JOB_UID, None)
     for target, why in ((layout["home"] / "data", "in the way of"), (layout["home"].parent, "in the way of"),

@@ -131,10 +131,14 @@ def test_a_log_chunk_sent_again_is_stored_once(world, host_a, client_for):
     assert post(data="ef", offset=4) == post(data="ef", offset=4) == 6
     assert post(data="xy", offset=9) == 8  # past what it holds (the agent skipped a chunk it refused): taken whole
     assert post(data="old agent\n") == 18  # no offset: appended as it comes
+    # The agent restarted while the attempt was placed: its new sender's output counts from 0 again.
+    assert post(data="again\n", offset=0, stream="b2") == post(data="again\n", offset=0, stream="b2") == 24
     logs = client_for(world.member).get(f"/api/v1/jobs/{job.pk}/logs/").json()
-    assert logs["data"] == "abcdefxyold agent\n"
+    assert logs["data"] == "abcdefxyold agent\nagain\n"
     bad = client.post(f"{base}/logs/", {"attempt": 1, "data": "x", "offset": -1}, format="json")
     assert bad.status_code == 400 and "offset" in bad.json()
+    bad = client.post(f"{base}/logs/", {"attempt": 1, "data": "x", "offset": 0, "stream": "a/b"}, format="json")
+    assert bad.status_code == 400 and "stream" in bad.json()
 
 
 def test_a_host_may_report_only_its_own_jobs(world, host_a):

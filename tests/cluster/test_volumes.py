@@ -51,6 +51,17 @@ def test_two_volumes_at_one_target_are_refused(world, volumes):
         resolve_mounts(world.vision.pk, ["scratch", "scratch2"])
 
 
+def test_two_volumes_one_inside_the_other_are_refused(world, volumes):
+    """The inner one's mount point would be made in the outer one's folder on the host (a job could have left a
+    link there)."""
+    volume_create(actor=world.admin, name="inner", host_path="/scratch2", target="/scratch/inner", all_teams=True)
+    for names in (["scratch", "inner"], ["inner", "scratch"]):
+        with pytest.raises(InvalidInput, match="mount one inside the other") as refused:
+            resolve_mounts(world.vision.pk, names)
+        assert list(refused.value.errors) == ["mounts"]
+    assert resolve_mounts(world.vision.pk, ["inner"])[0].target == "/scratch/inner"
+
+
 @pytest.mark.parametrize(("field", "path"), [
     ("host_path", "data"), ("host_path", "/data/../etc"), ("host_path", "/data//x"), ("host_path", "/data/x/"),
     ("host_path", "/"), ("host_path", "/proc/1"), ("host_path", "/etc"), ("host_path", "/data/a,b"),

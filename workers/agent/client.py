@@ -83,10 +83,10 @@ class ConsoleClient:
     def report(self, job_id: int, status: JobStatus, *, attempts: int = 30) -> dict[str, Any]:
         return self._post_retrying(f"jobs/{job_id}/status/", status.to_message(), attempts=attempts)
 
-    def log(self, job_id: int, attempt: int, data: str, offset: int) -> None:
-        """One post of a job's output, `offset` characters into this host's output for the attempt (its LogSender
-        tries again while the console does not answer; the offset lets the console store a resent chunk once)."""
-        self._post(f"jobs/{job_id}/logs/", {"attempt": attempt, "data": data, "offset": offset})
+    def log(self, job_id: int, attempt: int, data: str, offset: int, stream: str) -> None:
+        """One post of a job's output, `offset` characters into what its LogSender `stream` sent for the attempt
+        (it tries again while the console does not answer; the offset lets the console store a resent chunk once)."""
+        self._post(f"jobs/{job_id}/logs/", {"attempt": attempt, "data": data, "offset": offset, "stream": stream})
 
     def telemetry(self, batch: dict[str, Any]) -> dict[str, Any]:
         return self._post("telemetry/", batch)

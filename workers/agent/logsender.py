@@ -11,6 +11,7 @@ whatever happens here.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -27,7 +28,7 @@ RETRY_MAX_S = 10.0
 
 
 class LogSender:
-    def __init__(self, send: Callable[[int, str], object], *, name: str, max_pending_chars: int = MAX_PENDING_CHARS,
+    def __init__(self, send: Callable[[int, str, str], object], *, name: str, max_pending_chars: int = MAX_PENDING_CHARS,
                  chunk_chars: int = CHUNK_CHARS) -> None:
         self._send = send
         self.name = name
@@ -35,6 +36,7 @@ class LogSender:
         self._chunk = chunk_chars
         self._pending: deque[str] = deque()
         self._pending_chars = 0
+        self.stream = secrets.token_hex(8)  # this sender's output, apart from an earlier run's of the same attempt
         self._offset = 0  # characters of the stream sent (or refused) before the next chunk
         self._missed = 0  # characters not kept since the last ones that were
         self._changed = threading.Condition()
@@ -124,7 +126,7 @@ class LogSender:
             if chunk is None:
                 return
             try:
-                self._send(self._offset, chunk)
+                self._send(self._offset, chunk, self.stream)
             except ConsoleRejected as exc:  # the job moved on (cancelled or requeued): its output is not its record's
                 logger.info("%s: the console takes no more of its output: %s", self.name, exc)
                 with self._changed:

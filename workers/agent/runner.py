@@ -511,8 +511,9 @@ class JobRunner:
         # Other GPUs' device nodes: the job cannot open them even if it unsets CUDA_VISIBLE_DEVICES.
         others = [node.path for node in denied_device_nodes(job.dispatch.gpu_indices)]
         try:
+            # The volume roots too: a job reaches a volume only where it is bound, by name, never at its host path.
             return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
-                             private=self.private_paths, mask=[*self.mask_paths, *others],
+                             private=[*self.private_paths, *self.volume_roots], mask=[*self.mask_paths, *others],
                              can_search=job.user.can_search,
                              binds=[(b.source, b.target, b.read_only) for b in binds or []])
         except ViewError as exc:
@@ -537,8 +538,9 @@ class JobRunner:
     def _run(self, job: JobProcess) -> None:
         dispatch = job.dispatch
         assert job.home is not None
-        job.log = LogSender(lambda offset, text: self.client.log(dispatch.job_id, dispatch.attempt, text, offset),
-                            name=f"job {dispatch.job_id} attempt {dispatch.attempt}")
+        job.log = LogSender(
+            lambda offset, text, stream: self.client.log(dispatch.job_id, dispatch.attempt, text, offset, stream),
+            name=f"job {dispatch.job_id} attempt {dispatch.attempt}")
         local_log = None
         try:
             self._make_dirs(job)
@@ -564,11 +566,12 @@ class JobRunner:
                 finally:
                     os.close(env_fd)
             else:
+                binds = self._process_volumes(job)  # (refused before anything is fetched)
                 cwd = job.home
                 if dispatch.container.code is not None:
                     cwd = job.home / "code"
                     self.fetch_code(job, cwd)
-                command, env_fd = self._host_command(job, argv, cwd)
+                command, env_fd = self._host_command(job, argv, cwd, binds)
                 try:  # the shim in the agent's folder with the agent's variables; the job's reach it by the fd
                     job.process = self._launcher.popen(
                         command, cwd=job.workdir, env=shim_environment(), pass_fds=(env_fd,),
@@ -661,13 +664,13 @@ class JobRunner:
             self._send_log(job, f"[agent] {volumes.described(bind)}\n")
         return binds
 
-    def _host_command(self, job: JobProcess, argv: list[str], cwd: Path) -> tuple[list[str], int]:
+    def _host_command(self, job: JobProcess, argv: list[str], cwd: Path,
+                      binds: list[volumes.Bind]) -> tuple[list[str], int]:
         """The shim's argv that runs `argv` in `cwd` as processes on this host (the process backend), and the fd
         of the job's environment (in memory; the shim inherits it, the caller closes it once the shim started)."""
         assert job.home is not None
         env = self.environment(job)
         view_options: list[str] = []
-        binds = self._process_volumes(job)
         if job.user is not None:
             _write_private(job.workdir / "view.json", self.view(job, binds).to_json())
             view_options = ["--view", str(job.workdir / "view.json")]

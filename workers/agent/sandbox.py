@@ -88,8 +88,13 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
     needed = {*writable, *readable}
     hide = {_real(p) for p in private if p.exists() and p.is_dir()}
     tmp = {Path(p) for p in PRIVATE_TMP}
-    placed = [(source, *_bind_target(Path(target), [*needed, *hide, *tmp]), read_only)
+    placed = [(source, *_bind_target(source, Path(target), [*needed, *hide, *tmp]), read_only)
               for source, target, read_only in binds]
+    for index, (_, target, _, _) in enumerate(placed):
+        for _, other, _, _ in placed[index + 1:]:
+            if target == other or target in other.parents or other in target.parents:
+                raise ViewError(f"targets {target} and {other}: one inside the other (the inner one's mount point "
+                                "would be made in the outer volume's folder on the host)")
     hide |= {cover for _, _, cover, _ in placed if cover is not None}
 
     def nearest_above(folder: Path) -> Path | None:
@@ -136,20 +141,24 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
     )
 
 
-def _bind_target(target: Path, laid_out: list[Path]) -> tuple[Path, Path | None]:
+def _bind_target(source: Path, target: Path, laid_out: list[Path]) -> tuple[Path, Path | None]:
     """Where a volume lands in the view (`target`, the links of the host folders above it resolved), and the host
     folder covered to make its mount point in (the deepest that exists above it; None right under /, where the
-    target must be a folder of the host's). It may neither be nor hold nor sit in what the view lays out."""
+    target must be a folder of the host's and the source a folder). It may neither be nor hold nor sit in what the
+    view lays out."""
     folder = target.parent
     while not folder.exists() and folder != Path("/"):
         folder = folder.parent
     if folder == Path("/") and target.parent != Path("/"):
         raise ViewError(f"target {target}: its folder {target.parent} does not exist on this host")
+    if not folder.is_dir():
+        raise ViewError(f"target {target}: {folder} on the host is no folder")
     cover: Path | None = _real(folder)
     placed = _real(folder) / target.relative_to(folder)
     if cover == Path("/"):
-        if not placed.is_dir():
-            raise ViewError(f"target {target}: right under /, it must be a folder on this host")
+        placed = _real(placed)
+        if not placed.is_dir() or not source.is_dir():
+            raise ViewError(f"target {target}: right under /, it must be a folder on this host, and the volume one")
         cover = None
     for path in laid_out:
         if path == placed or placed in path.parents or path in placed.parents:
@@ -225,8 +234,10 @@ def enter(view: FilesystemView) -> None:
                 fd, volume_read_only = volumes[path]
                 _ensure_mount_point(target, is_dir=stat.S_ISDIR(os.fstat(fd).st_mode))
                 _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)  # not MS_REC: read-only holds throughout
-                _mount(None, path, None,
-                       MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if volume_read_only else 0))
+                flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if volume_read_only else 0)
+                if os.fstatvfs(fd).f_flag & os.ST_NOEXEC:  # (the remount sets every flag: keep the source's)
+                    flags |= MS_NOEXEC
+                _mount(None, path, None, flags)
             else:
                 source = sources[path]
                 _ensure_mount_point(target, is_dir=stat.S_ISDIR(os.fstat(source).st_mode))
