@@ -205,6 +205,31 @@ def test_the_agents_python_is_read_only_to_the_job_even_where_the_host_lets_anyo
         venv.rmdir()
 
 
+def test_a_volume_whose_mount_point_a_job_could_redirect_is_refused(layout, volume_folder, tmp_path):
+    """The folder a volume's mount point is made in is reached by its path when the job starts: one that another
+    job could rename or replace with a link (its holder writable by jobs) would redirect the mount point."""
+    user = RunAs.job_user(JOB_UID, None)
+    inner = volume_folder / "inner"
+    inner.mkdir()
+    try:
+        def plan():
+            return plan_view(writable=[layout["home"]], readable=[], private=[], mask=[],
+                             can_search=user.can_search, binds=[(tmp_path, PurePosixPath(inner / "data"), True)],
+                             runs_jobs_as=lambda uid: uid == JOB_UID)
+        assert plan().binds  # /mnt and its folder: root's
+        volume_folder.chmod(0o777)
+        with pytest.raises(ViewError, match=f"jobs could write in the folder holding {inner}"):
+            plan()
+        volume_folder.chmod(0o1777)  # sticky: only the owner of `inner` (root) may rename it
+        assert plan().binds
+        os.chown(inner, JOB_UID, JOB_UID)
+        with pytest.raises(ViewError, match="jobs could write in"):
+            plan()
+    finally:
+        volume_folder.chmod(0o755)
+        inner.rmdir()
+
+
 def test_volumes_one_inside_the_other_or_below_a_file_are_refused(layout, volume_folder, tmp_path):
     user = RunAs.job_user(JOB_UID, None)
     for binds, why in (

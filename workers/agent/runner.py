@@ -514,7 +514,7 @@ class JobRunner:
             # The volume roots too: a job reaches a volume only where it is bound, by name, never at its host path.
             return plan_view(writable=[job.home, *self._artifact_folders(job)], readable=readable,
                              private=[*self.private_paths, *self.volume_roots], mask=[*self.mask_paths, *others],
-                             can_search=job.user.can_search,
+                             can_search=job.user.can_search, runs_jobs_as=self.runs_jobs_as,
                              binds=[(b.source, b.target, b.read_only) for b in binds or []])
         except ViewError as exc:
             raise volumes.VolumeError(f"a volume cannot be bound here: {exc}") from None

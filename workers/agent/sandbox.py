@@ -72,7 +72,8 @@ class FilesystemView:
 
 def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: Iterable[Path],
               mask: Iterable[Path], can_search: Callable[[Path], bool],
-              binds: Iterable[tuple[Path, PurePosixPath, bool]] = ()) -> FilesystemView:
+              binds: Iterable[tuple[Path, PurePosixPath, bool]] = (),
+              runs_jobs_as: Callable[[int], bool] = lambda uid: False) -> FilesystemView:
     """The view of a job that needs `writable` and `readable`, must not see `private` (folders) nor `mask` (files).
 
     `can_search(folder)` says whether the job's user may traverse `folder`. A folder on the way to what the job
@@ -81,14 +82,15 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
     as well: a code root put back read-only brings back its own private folders (a checkout's `var/`), which are
     covered again, and a work folder inside one of them is put back inside that cover.
 
-    `binds` (source, target, read-only): volumes, bound at their targets; ViewError if one is in the way.
+    `binds` (source, target, read-only): volumes, bound at their targets; ViewError if one is in the way, or if a
+    job (a user `runs_jobs_as`) could swap a folder on the way to where its mount point is made.
     """
     writable = [_real(p) for p in writable if p.exists()]
     readable = [_real(p) for p in readable if p.exists()]
     needed = {*writable, *readable}
     hide = {_real(p) for p in private if p.exists() and p.is_dir()}
     tmp = {Path(p) for p in PRIVATE_TMP}
-    placed = [(source, *_bind_target(source, Path(target), [*needed, *hide, *tmp]), read_only)
+    placed = [(source, *_bind_target(source, Path(target), [*needed, *hide, *tmp], runs_jobs_as), read_only)
               for source, target, read_only in binds]
     for index, (_, target, _, _) in enumerate(placed):
         for _, other, _, _ in placed[index + 1:]:
@@ -141,7 +143,21 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
     )
 
 
-def _bind_target(source: Path, target: Path, laid_out: list[Path]) -> tuple[Path, Path | None]:
+def swap_point(path: Path, runs_jobs_as: Callable[[int], bool]) -> Path | None:
+    """The first folder on the way to `path` (itself included) that a job could rename or replace with a link: one
+    in a folder jobs may write in (group- or world-writable, or a job user's), unless that folder is sticky and
+    neither it nor the entry is a job user's. None if there is none."""
+    for folder in [*reversed(path.parents[:-1]), path]:  # from below / down to `path`
+        holder, entry = folder.parent.lstat(), folder.lstat()
+        writable = holder.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or runs_jobs_as(holder.st_uid)
+        sticky = holder.st_mode & stat.S_ISVTX and not runs_jobs_as(holder.st_uid)
+        if writable and not (sticky and not runs_jobs_as(entry.st_uid)):
+            return folder
+    return None
+
+
+def _bind_target(source: Path, target: Path, laid_out: list[Path],
+                 runs_jobs_as: Callable[[int], bool]) -> tuple[Path, Path | None]:
     """Where a volume lands in the view (`target`, the links of the host folders above it resolved), and the host
     folder covered to make its mount point in (the deepest that exists above it; None right under /, where the
     target must be a folder of the host's and the source a folder). It may neither be nor hold nor sit in what the
@@ -154,6 +170,9 @@ def _bind_target(source: Path, target: Path, laid_out: list[Path]) -> tuple[Path
     if not folder.is_dir():
         raise ViewError(f"target {target}: {folder} on the host is no folder")
     cover: Path | None = _real(folder)
+    swappable = swap_point(_real(folder), runs_jobs_as)
+    if swappable is not None:  # the mount point is made below it by path: a link swapped in would redirect it
+        raise ViewError(f"target {target}: jobs could write in the folder holding {swappable}")
     placed = _real(folder) / target.relative_to(folder)
     if cover == Path("/"):
         placed = _real(placed)
