@@ -130,6 +130,9 @@ def test_a_volume_is_bound_at_its_target_read_only_and_the_hosts_folder_there_is
     paths = found["paths"]
     assert paths[str(target / "labels.txt")] == "read cat dog" and paths[str(target)] == "listed"
     assert paths[str(volume_folder / "other-team.txt")] == "FileNotFoundError"  # covered, with the rest of it
+    listed = run_with_volumes(layout, [(dataset, PurePosixPath(target), True)],
+                              f"import os; print(os.listdir({str(volume_folder)!r}))")
+    assert listed.stdout.strip() == "['data']", listed  # the job lists its own volumes there, nothing else
     assert not target.exists()  # the mount point was made in the view's tmpfs, not on the host
     written = run_with_volumes(layout, [(dataset, PurePosixPath(target), True)], textwrap.dedent(f"""
         import errno

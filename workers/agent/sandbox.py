@@ -58,6 +58,7 @@ class FilesystemView:
     private_tmp: tuple[str, ...] = PRIVATE_TMP  # a fresh world-writable (sticky) tmpfs each
     own_processes_only: bool = True  # /proc with hidepid=invisible
     binds: tuple[tuple[str, str, bool], ...] = ()  # (source, target, read-only): the volumes the job names
+    listable: tuple[str, ...] = ()  # covered folders the job may list: where its volumes' mount points are
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -97,7 +98,8 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
             if target == other or target in other.parents or other in target.parents:
                 raise ViewError(f"targets {target} and {other}: one inside the other (the inner one's mount point "
                                 "would be made in the outer volume's folder on the host)")
-    hide |= {cover for _, _, cover, _ in placed if cover is not None}
+    listable = {cover for _, _, cover, _ in placed if cover is not None}
+    hide |= listable
 
     def nearest_above(folder: Path) -> Path | None:
         """The deepest covered or put-back folder strictly above `folder`: what decides what the job meets there."""
@@ -140,6 +142,7 @@ def plan_view(*, writable: Iterable[Path], readable: Iterable[Path], private: It
         writable=tuple(sorted({str(p) for p in writable if needs_putting_back(p)})),
         readable=tuple(sorted({str(p) for p in readable})),
         binds=tuple((str(source), str(target), read_only) for source, target, _, read_only in placed),
+        listable=tuple(sorted(str(p) for p in listable if p in hide)),
     )
 
 
@@ -242,7 +245,8 @@ def enter(view: FilesystemView) -> None:
         for _, _, kind, path in sorted(steps):
             target = Path(path)
             if kind == "hide":
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=1m,nr_inodes=4096")
+                mode = "0755" if path in view.listable else "0711"  # (`ls /mnt` shows the job its volumes)
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size=1m,nr_inodes=4096")
             elif kind == "tmp":
                 if target.is_dir():
                     _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
