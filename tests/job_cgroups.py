@@ -4,6 +4,7 @@ An agent's JobRunner removes the job cgroups it finds under its parent for a hos
 run left). Tests in several pytest-xdist workers start runners for the same host names at once, so each test process
 gets a parent of its own (GPU_AGENT_CGROUP_PARENT, unless the caller set one), or one runner's start would kill
 another test's job. Live clusters set theirs per cluster. What is left (empty folders) is removed at the end.
+Workers inherit the controller's environment: a value of ours from there is replaced by the worker's own.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import os
 from pathlib import Path
 
 ENV = "GPU_AGENT_CGROUP_PARENT"
+PREFIX = "gpu-agent-test-"
 
 
 def isolate() -> None:
-    os.environ.setdefault(ENV, f"gpu-agent-test-{os.getpid()}")
+    if os.environ.get(ENV, PREFIX).startswith(PREFIX):
+        os.environ[ENV] = f"{PREFIX}{os.getpid()}"
 
 
 def remove_own() -> None:
@@ -24,7 +27,7 @@ def remove_own() -> None:
     from workers.agent.cgroups import detect
 
     name = os.environ.get(ENV, "")
-    if not name.startswith("gpu-agent-test-"):
+    if name != f"{PREFIX}{os.getpid()}":
         return
     for mount in detect().mounts.values():
         for top, folders, _ in os.walk(mount):
