@@ -113,13 +113,20 @@ def test_full_job_lifecycle_through_the_agent_api(world, host_a, client_for):
         "queued", "placed", "running", "succeeded"]
 
 
-def test_a_log_chunk_sent_again_is_stored_once(world, host_a, client_for):
+def running_on_sim_a(world, host_a):
+    """A member's one-GPU job placed on sim-a (the only host up) and claimed running by its agent: (job, the
+    agent's client, the job's agent API path)."""
     Host.objects.exclude(name="sim-a").update(state="down")
     job = submit(world.member)
     scheduler_pass()
     client = agent(host_a[1])
     base = f"/api/v1/agent/jobs/{job.pk}"
     client.post(f"{base}/status/", {"state": "running", "attempt": 1}, format="json")
+    return job, client, base
+
+
+def test_a_log_chunk_sent_again_is_stored_once(world, host_a, client_for):
+    job, client, base = running_on_sim_a(world, host_a)
 
     def post(**body: object) -> int:
         answer = client.post(f"{base}/logs/", {"attempt": 1, **body}, format="json")
@@ -157,12 +164,7 @@ def test_a_host_may_report_only_its_own_jobs(world, host_a):
 
 def test_failure_and_log_cap(world, host_a, settings, client_for):
     settings.JOBS_LOG_MAX_CHARS = 1000
-    Host.objects.exclude(name="sim-a").update(state="down")
-    job = submit(world.member)
-    scheduler_pass()
-    client = agent(host_a[1])
-    base = f"/api/v1/agent/jobs/{job.pk}"
-    client.post(f"{base}/status/", {"state": "running", "attempt": 1}, format="json")
+    job, client, base = running_on_sim_a(world, host_a)
     for _ in range(5):
         client.post(f"{base}/logs/", {"attempt": 1, "data": "y" * 400}, format="json")
     job.refresh_from_db()

@@ -4,8 +4,8 @@ The thread that reads a job's output hands each batch to the job's LogSender and
 console does not answer, the batches wait here, up to `max_pending_chars`; output past that is counted, not kept,
 and the console is told how much it missed. They are sent in order when it answers again. Each chunk carries its
 offset in the stream (workers.protocol.unseen_output), so a post whose answer was lost after the console stored it,
-sent again, is stored once. A refusal (the attempt moved on) ends the sending. The agent's local output.log and the job's log artifact keep everything
-whatever happens here.
+sent again, is stored once. A refusal (the attempt moved on) ends the sending. The agent's local output.log and the
+job's log artifact keep everything whatever happens here.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ RETRY_MAX_S = 10.0
 
 
 class LogSender:
-    def __init__(self, send: Callable[[int, str, str], object], *, name: str, max_pending_chars: int = MAX_PENDING_CHARS,
-                 chunk_chars: int = CHUNK_CHARS) -> None:
+    def __init__(self, send: Callable[[int, str, str], object], *, name: str,
+                 max_pending_chars: int = MAX_PENDING_CHARS, chunk_chars: int = CHUNK_CHARS) -> None:
         self._send = send
         self.name = name
         self._max_pending = max_pending_chars
