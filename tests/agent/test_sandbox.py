@@ -394,3 +394,38 @@ def test_the_agents_view_hides_its_folders_private_paths_token_and_other_gpus_ev
     # (major, minor) of /dev/nvidiaN as the job sees it: its own GPU's node; /dev/null's (1, 3) for the others'.
     devices = {int(n): tuple(numbers) for n, numbers in json.loads(devices_line).items()}
     assert devices == {0: (1, 3), 1: (195, 1), 2: (1, 3), 3: (1, 3)}, devices
+
+
+@pytest.fixture
+def noexec_folder(layout):
+    """A folder on a filesystem mounted noexec (where an admin keeps data, not programs)."""
+    folder = layout["top"] / "noexec"
+    folder.mkdir(mode=0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=1m,mode=0755", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_volume_from_a_noexec_filesystem_runs_no_program_in_the_job(layout, volume_folder, noexec_folder):
+    scratch = layout["top"] / "scratch"  # the same program on an ordinary filesystem: the control
+    scratch.mkdir(mode=0o755)
+    for folder in (noexec_folder, scratch):
+        tool = folder / "tool"
+        tool.write_text("#!/bin/sh\necho ran\n")
+        tool.chmod(0o755)
+        os.chown(folder, JOB_UID, JOB_UID)
+    script = textwrap.dedent(f"""
+        import subprocess
+        for tool in ({str(volume_folder / "data" / "tool")!r}, {str(volume_folder / "scratch" / "tool")!r}):
+            try:
+                print(subprocess.run([tool], capture_output=True, text=True).stdout.strip())
+            except OSError as exc:
+                print(type(exc).__name__)
+    """)
+    # Writable binds: a read-only remount must not be what happens to keep noexec.
+    result = run_with_volumes(layout, [(noexec_folder, PurePosixPath(volume_folder / "data"), False),
+                                       (scratch, PurePosixPath(volume_folder / "scratch"), False)], script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["PermissionError", "ran"]
