@@ -42,17 +42,35 @@ class AgentReportError(WrongState):
     """A report that does not apply: the job is not on this host, or the report is from an older attempt (409)."""
 
 
-def _job_for_host(job_id: int, host: Host, attempt: int) -> Job:
+# A job cancelled (or ended by the console) while it ran has its GPUs released at once, while its processes still
+# get SIGTERM and their grace: what they print meanwhile ("checkpoint saved at step N") is still taken from the
+# hosts that ran that last attempt, for this long after the end.
+LATE_OUTPUT_S = 300
+
+
+def _job_for_host(job_id: int, host: Host, attempt: int, *, late_output: bool = False) -> Job:
     """The job, locked, if `host` runs its current attempt `attempt`: only the hosts that hold its GPUs now may
-    report on it (a host that ran an earlier attempt, or was never given the job, may not)."""
+    report on it (a host that ran an earlier attempt, or was never given the job, may not). `late_output`: also
+    a job whose last attempt ended on `host` less than LATE_OUTPUT_S ago (its output only)."""
     job = lock_job(job_id)
     if job is None:
         raise AgentReportError(f"job {job_id} does not run on host {host.name}")
     if attempt != job.attempts:
         raise AgentReportError(f"report for attempt {attempt}, but job {job_id} is at attempt {job.attempts}")
-    if not JobAllocation.objects.filter(job=job, gpu__host=host, released_at__isnull=True).exists():
+    if not JobAllocation.objects.filter(job=job, gpu__host=host, released_at__isnull=True).exists() and not (
+        late_output and _ended_here_lately(job, host, attempt)
+    ):
         raise AgentReportError(f"job {job_id} attempt {attempt} does not run on host {host.name}")
     return job
+
+
+def _ended_here_lately(job: Job, host: Host, attempt: int) -> bool:
+    return (
+        job.state in Job.FINAL_STATES
+        and job.finished_at is not None
+        and timezone.now() - job.finished_at < timedelta(seconds=LATE_OUTPUT_S)
+        and JobAllocation.objects.filter(job=job, gpu__host=host, attempt=attempt).exists()
+    )
 
 
 def job_secret_values(*, host: Host, job_id: int, attempt: int) -> dict[str, str]:
@@ -139,7 +157,7 @@ def job_append_log(*, host: Host, job_id: int, attempt: int, data: str, offset: 
 
     limit = settings.JOBS_LOG_MAX_CHARS
     with transaction.atomic():
-        job = _job_for_host(job_id, host, attempt)
+        job = _job_for_host(job_id, host, attempt, late_output=True)
         changes: dict[str, Any] = {}
         if offset is not None:
             key = f"{attempt}/{host.pk}/{stream}"  # (streams of earlier attempts are dropped)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.cluster.models import GPU, Host
 from apps.cluster.services import host_token_issue
+from apps.jobs.agent_reports import LATE_OUTPUT_S
+from apps.jobs.lifecycle import job_cancel
 from apps.jobs.models import Job, JobLogChunk
 from apps.jobs.scheduler import scheduler_pass
 from apps.jobs.services import JobSpec, job_submit
@@ -146,6 +151,28 @@ def test_a_log_chunk_sent_again_is_stored_once(world, host_a, client_for):
     assert bad.status_code == 400 and "offset" in bad.json()
     bad = client.post(f"{base}/logs/", {"attempt": 1, "data": "x", "offset": 0, "stream": "a/b"}, format="json")
     assert bad.status_code == 400 and "stream" in bad.json()
+
+
+def test_what_a_cancelled_job_prints_while_it_stops_is_still_taken_from_its_host_for_a_while(
+        world, host_a, client_for):
+    job, client, base = running_on_sim_a(world, host_a)
+    assert client.post(f"{base}/logs/", {"attempt": 1, "data": "step 41\n", "offset": 0}, format="json").status_code == 200
+    job_cancel(job=job, actor=world.member)  # GPUs released at once; the job gets SIGTERM and its grace
+    late = client.post(f"{base}/logs/", {"attempt": 1, "data": "checkpoint saved at step 42\n", "offset": 8},
+                       format="json")
+    assert late.status_code == 200, late.content
+    assert client_for(world.member).get(f"/api/v1/jobs/{job.pk}/logs/").json()["data"] == (
+        "step 41\ncheckpoint saved at step 42\n")
+    # Its output only: the report of its end does not change the ended job.
+    ended = client.post(f"{base}/status/", {"state": "succeeded", "attempt": 1, "exit_code": 0}, format="json")
+    assert ended.status_code == 409 and Job.objects.get(pk=job.pk).state == "cancelled"
+    # Another host never ran it; an attempt it never had; and after LATE_OUTPUT_S, nothing more.
+    _, other = host_token_issue(name="sim-b")
+    agent(other).post("/api/v1/agent/register/", registration("sim-b"), format="json")
+    assert agent(other).post(f"{base}/logs/", {"attempt": 1, "data": "x"}, format="json").status_code == 409
+    assert client.post(f"{base}/logs/", {"attempt": 2, "data": "x"}, format="json").status_code == 409
+    Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(seconds=LATE_OUTPUT_S + 1))
+    assert client.post(f"{base}/logs/", {"attempt": 1, "data": "x"}, format="json").status_code == 409
 
 
 def test_a_host_may_report_only_its_own_jobs(world, host_a):
