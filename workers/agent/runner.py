@@ -70,6 +70,7 @@ SHUTDOWN_CLEANUP_S = 5.0  # past the grace period, what a stopped container's re
 # At a job's end its output still queued for the console is sent before the end is reported; a console that takes
 # nothing for this long is given up on (the log artifact keeps everything).
 LOG_END_IDLE_S = 15.0
+STOPPING_MARGIN_S = 15.0  # past the grace, how long a start waits for a stopping job on its GPUs (a hung shim)
 PROGRESS_INTERVAL_S = 1.0
 PROGRESS_READ_MAX = 1024 * 1024
 PROGRESS_END_READS = 16  # reads of the progress file at a job's end, each PROGRESS_READ_MAX at most
@@ -248,6 +249,8 @@ class JobProcess:
     progress_file: Path | None = None  # where its progress is read, if not its home's progress file
     log: LogSender | None = None  # its output on the way to the console (from the start of its thread)
     mask: SecretMask | None = None  # its secrets' values, masked in its output (set before its process starts)
+    # Set once its process tree has exited (the shim reaps it all): the GPUs it used are free again.
+    exited: threading.Event = field(default_factory=threading.Event)
     # Set once its processes are gone and its container removed (the agent's shutdown waits for it).
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -394,8 +397,7 @@ class JobRunner:
         for job in matches:
             if job.stop_state is None:
                 job.stop_state, job.stop_reason = state, reason
-            grace = self.preempt_grace_s if state == "preempted" else self.grace_s
-            self._terminate(job, grace)
+            self._terminate(job, self._grace(state))
         return bool(matches)
 
     def reshare(self, job_id: int, attempt: int, share: float) -> bool:
@@ -543,6 +545,7 @@ class JobRunner:
             name=f"job {dispatch.job_id} attempt {dispatch.attempt}")
         local_log = None
         try:
+            self._wait_for_stopping_jobs(job)
             self._make_dirs(job)
             # Opened before the job starts, so the job can never swap it for a link.
             local_log = open(os.open(job.workdir / "output.log",  # noqa: SIM115 - closed by _pump
@@ -607,6 +610,7 @@ class JobRunner:
             self._pump(job, local_log)
             returncode = job.process.wait()
             exited_at = time.time()
+            job.exited.set()
         finally:
             job.timer.cancel()
             (job.workdir / "job.pid").unlink(missing_ok=True)
@@ -733,6 +737,31 @@ class JobRunner:
                 job.cgroup.remove()
         except Exception:  # noqa: BLE001 - the next start of the agent removes what is left
             logger.exception("job %s: cleanup after its end failed", job.dispatch.job_id)
+
+    def _wait_for_stopping_jobs(self, job: JobProcess) -> None:
+        """A cancelled job's GPUs are the console's to give again at once, while its processes still have their
+        grace to stop (and a real GPU holds their memory until they exit): a job placed on any of those GPUs starts
+        once they are gone (as Slurm's nodes stay "completing"), or once their grace and a margin are over."""
+        gpus = set(job.dispatch.gpu_indices)
+        deadline: float | None = None
+        while True:
+            with self._lock:
+                stopping = [other for other in self._jobs.values()
+                            if other is not job and other.stop_state is not None and other.process is not None
+                            and not other.exited.is_set() and gpus & set(other.dispatch.gpu_indices)]
+            now = time.monotonic()
+            if not stopping or (deadline is not None and now >= deadline):
+                return
+            if deadline is None:
+                deadline = now + max(self._grace(other.stop_state) for other in stopping) + STOPPING_MARGIN_S
+                names = ", ".join(f"job {other.dispatch.job_id}" for other in stopping)
+                self._send_log(job, f"[agent] waiting for {names} to stop on GPUs "
+                                    f"{','.join(map(str, sorted(gpus)))} before starting\n")
+            stopping[0].exited.wait(min(1.0, deadline - now))
+
+    def _grace(self, stop_state: str | None) -> float:
+        """SIGTERM to SIGKILL: a preempted job's is longer (it writes its checkpoint)."""
+        return self.preempt_grace_s if stop_state == "preempted" else self.grace_s
 
     def _time_limit(self, job: JobProcess) -> None:
         minutes = job.dispatch.time_limit_s / 60
