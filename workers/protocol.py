@@ -266,11 +266,15 @@ class Dispatch:
     container: ContainerSpec = field(default_factory=ContainerSpec)
     # A task of a job array; None for a job submitted alone.
     array: ArrayTask | None = None
+    # (job id, attempt) of jobs that held any of these GPUs until a moment ago: one the console ended (a cancel)
+    # may still be stopping there, and this job starts once it has exited, even if its stop has not arrived yet.
+    after: tuple[tuple[int, int], ...] = ()
     version: int = PROTOCOL_VERSION
 
     def to_message(self) -> dict[str, Any]:
         message = asdict(self)
         message["gpu_indices"] = list(self.gpu_indices)
+        message["after"] = [list(pair) for pair in self.after]
         message["container"]["mounts"] = [asdict(m) for m in self.container.mounts]
         message["container"]["secrets"] = list(self.container.secrets)
         return message
@@ -304,6 +308,7 @@ class Dispatch:
                 replica_secret=str(message.get("replica_secret") or ""),
                 container=ContainerSpec.from_message(message.get("container")),
                 array=ArrayTask.from_message(message.get("array")),
+                after=tuple((int(job_id), int(attempt)) for job_id, attempt in message.get("after") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed dispatch: {exc}") from None

@@ -28,6 +28,8 @@ from workers.runtime.catalog import PRESETS
 
 logger = logging.getLogger(__name__)
 State = Job.State
+# How far back a dispatch names the jobs that held its GPUs: well past an agent's SIGTERM grace (5 s by default).
+RELEASED_LATELY_S = 120
 
 
 def job_hosts(job: Job) -> list[str]:
@@ -43,10 +45,12 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
         .order_by("gpu__host__name", "gpu__index")
     )
     by_host: dict[str, list[int]] = {}
+    gpu_ids: dict[str, list[int]] = {}
     addresses: dict[str, str] = {}
     for allocation in allocations:
         host = allocation.gpu.host
         by_host.setdefault(host.name, []).append(allocation.gpu.index)
+        gpu_ids.setdefault(host.name, []).append(allocation.gpu_id)
         addresses[host.name] = host.address or host.name
     # The host with the most GPUs is node rank 0 and hosts the rendezvous store.
     order = sorted(by_host, key=lambda name: (-len(by_host[name]), name))
@@ -86,10 +90,20 @@ def dispatch_messages(job: Job) -> list[tuple[str, Dispatch]]:
                     replica_secret=replica_secret_of(job),
                     container=container,
                     array=array_task_of(job),
+                    after=released_lately(job, gpu_ids[host_name]),
                 ),
             )
         )
     return messages
+
+
+def released_lately(job: Job, gpu_ids: list[int]) -> tuple[tuple[int, int], ...]:
+    """(job, attempt) of the other jobs whose hold on any of these GPUs ended in the last RELEASED_LATELY_S: a
+    cancelled one may still be stopping on its host (its SIGTERM grace), and the agent starts `job` after it."""
+    since = timezone.now() - timedelta(seconds=RELEASED_LATELY_S)
+    rows = (JobAllocation.objects.filter(gpu_id__in=gpu_ids, released_at__gte=since).exclude(job=job)
+            .values_list("job_id", "attempt").distinct().order_by("job_id", "attempt"))
+    return tuple((job_id, attempt) for job_id, attempt in rows)
 
 
 def array_task_of(job: Job) -> ArrayTask | None:

@@ -47,9 +47,25 @@ class Console:
         pass
 
 
-def job(job_id: int, gpu: int, script: str) -> Dispatch:
+def job(job_id: int, gpu: int, script: str, after: tuple[tuple[int, int], ...] = ()) -> Dispatch:
     return Dispatch(job_id=job_id, attempt=1, host="h", gpu_indices=(gpu,), kind="train", preset="baseline-fp32",
-                    workload={"command": [sys.executable, "-c", script]}, time_limit_s=600)
+                    workload={"command": [sys.executable, "-c", script]}, time_limit_s=600, after=after)
+
+
+def saving_on_sigterm(up: Path, termed: Path, release: Path) -> str:
+    """A job that, on SIGTERM, saves its work for as long as the test says (within its grace)."""
+    return (f"import pathlib, signal, time\n"
+            f"def save(*_):\n"
+            f"    pathlib.Path({str(termed)!r}).touch()\n"
+            f"    while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
+            f"    raise SystemExit(0)\n"
+            f"signal.signal(signal.SIGTERM, save)\n"
+            f"pathlib.Path({str(up)!r}).touch()\n"
+            f"time.sleep(600)\n")
+
+
+def starter(marker: Path) -> str:
+    return f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)"
 
 
 def test_the_next_job_on_a_stopping_jobs_gpu_starts_once_it_is_gone_and_other_gpus_do_not_wait(
@@ -58,22 +74,11 @@ def test_the_next_job_on_a_stopping_jobs_gpu_starts_once_it_is_gone_and_other_gp
     runner = JobRunner(console, work_root=tmp_path / "work",  # type: ignore[arg-type]
                        artifacts_root=tmp_path / "artifacts", simulated=True, grace_s=WAIT_S)
     up, termed, release = tmp_path / "a-up", tmp_path / "a-term", tmp_path / "release"
-    # A saves its work on SIGTERM for as long as the test says (within its grace).
-    stopping = (f"import pathlib, signal, time\n"
-                f"def save(*_):\n"
-                f"    pathlib.Path({str(termed)!r}).touch()\n"
-                f"    while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
-                f"    raise SystemExit(0)\n"
-                f"signal.signal(signal.SIGTERM, save)\n"
-                f"pathlib.Path({str(up)!r}).touch()\n"
-                f"time.sleep(600)\n")
+    stopping = saving_on_sigterm(up, termed, release)
     assert runner.start(job(1, 0, stopping)) == "started"
     assert appears(up)
     runner.stop(1, 1, "cancelled by alice", state="cancelled")
     assert appears(termed)
-
-    def starter(marker: Path) -> str:
-        return f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)"
 
     same_gpu, other_gpu = tmp_path / "b-started", tmp_path / "c-started"
     assert runner.start(job(2, 0, starter(same_gpu))) == "started"
@@ -85,3 +90,24 @@ def test_the_next_job_on_a_stopping_jobs_gpu_starts_once_it_is_gone_and_other_gp
     assert appears(same_gpu)
     runner.shutdown(wait_s=WAIT_S)
     assert [status.state for job_id, status in console.statuses if job_id == 1] == ["running", "cancelled"]
+
+
+def test_a_job_waits_for_the_jobs_its_dispatch_names_even_before_their_stop_arrives(tmp_path: Path) -> None:
+    """The cancel's stop and the next job's dispatch reach the agent within milliseconds, in either order."""
+    console = Console()
+    runner = JobRunner(console, work_root=tmp_path / "work",  # type: ignore[arg-type]
+                       artifacts_root=tmp_path / "artifacts", simulated=True, grace_s=WAIT_S)
+    up, termed, release = tmp_path / "a-up", tmp_path / "a-term", tmp_path / "release"
+    assert runner.start(job(1, 0, saving_on_sigterm(up, termed, release))) == "started"
+    assert appears(up)
+    sharing, following = tmp_path / "sharing", tmp_path / "following"
+    assert runner.start(job(2, 0, starter(following), after=((1, 1),))) == "started"
+    assert console.wait_for_log(2, "[agent] waiting for job 1 to stop on GPUs 0 before starting")
+    assert runner.start(job(3, 0, starter(sharing))) == "started"  # names nothing: a share of GPU 0 beside it
+    assert appears(sharing)
+    runner.stop(1, 1, "cancelled by alice", state="cancelled")  # the stop arrives after the dispatch
+    assert appears(termed)
+    assert not following.exists()
+    release.touch()
+    assert appears(following)
+    runner.shutdown(wait_s=WAIT_S)

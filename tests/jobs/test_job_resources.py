@@ -3,12 +3,17 @@ hosts can give, shown in the API, sent to each host in the dispatch, and what th
 
 from __future__ import annotations
 
+from datetime import timedelta
+from unittest.mock import patch
+
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from apps.cluster.models import GPU, Host
 from apps.cluster.services import host_register
 from apps.jobs import services
+from apps.jobs.dispatch import RELEASED_LATELY_S
 from apps.jobs.models import Job, JobEvent
 from apps.quotas.models import TeamQuota
 from tests.conftest import train_spec
@@ -136,3 +141,21 @@ def test_registration_records_the_hosts_cpus_and_memory(world):
     for bad in ("64", -1, True, 10**30, None):
         assert register(cpus=bad, memory_mb=bad).cpus == 0
         assert Host.objects.get(pk=host.pk).memory_mb == 0
+
+
+def test_a_dispatch_names_the_jobs_that_held_its_gpus_until_a_moment_ago(world, client_for):
+    member = client_for(world.member)
+    cancelled = Job.objects.get(pk=submit(member).json()["id"])
+    assert services.job_place(cancelled.pk, (world.gpus[0].pk,))
+    services.job_cancel(job=cancelled, actor=world.member)  # its GPU is free at once; it still stops on its host
+    elsewhere = Job.objects.get(pk=submit(member).json()["id"])
+    assert services.job_place(elsewhere.pk, (world.gpus[1].pk,))
+    services.job_cancel(job=elsewhere, actor=world.member)
+    following = Job.objects.get(pk=submit(member).json()["id"])
+    assert services.job_place(following.pk, (world.gpus[0].pk,))
+    [(_, message)] = services.dispatch_messages(Job.objects.get(pk=following.pk))
+    assert message.after == ((cancelled.pk, 1),)  # not the job of another GPU
+    later = timezone.now() + timedelta(seconds=RELEASED_LATELY_S + 1)
+    with patch("apps.jobs.dispatch.timezone.now", return_value=later):
+        [(_, message)] = services.dispatch_messages(Job.objects.get(pk=following.pk))
+    assert message.after == ()

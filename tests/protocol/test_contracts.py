@@ -209,3 +209,13 @@ def test_a_malformed_array_task_is_a_protocol_error(array: dict) -> None:
                        workload={"command": ["true"]}, time_limit_s=60).to_message()
     with pytest.raises(ProtocolError, match="malformed dispatch"):
         Dispatch.from_message({**message, "array": array})
+
+
+def test_the_jobs_a_dispatch_waits_for_travel_with_it() -> None:
+    dispatch = Dispatch(job_id=42, attempt=1, host="h", gpu_indices=(0, 1), kind="train", preset="p",
+                        workload={"command": ["true"]}, time_limit_s=60, after=((40, 1), (41, 3)))
+    assert Dispatch.from_message(json.loads(json.dumps(dispatch.to_message()))) == dispatch
+    older = {k: v for k, v in dispatch.to_message().items() if k != "after"}  # from a console before the field
+    assert Dispatch.from_message(older).after == ()
+    with pytest.raises(ProtocolError, match="malformed dispatch"):
+        Dispatch.from_message({**dispatch.to_message(), "after": [[40]]})

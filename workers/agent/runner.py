@@ -741,14 +741,17 @@ class JobRunner:
     def _wait_for_stopping_jobs(self, job: JobProcess) -> None:
         """A cancelled job's GPUs are the console's to give again at once, while its processes still have their
         grace to stop (and a real GPU holds their memory until they exit): a job placed on any of those GPUs starts
-        once they are gone (as Slurm's nodes stay "completing"), or once their grace and a margin are over."""
+        once they are gone (as Slurm's nodes stay "completing"), or once their grace and a margin are over. Such
+        jobs are those this agent is stopping and those the dispatch names (`after`)."""
         gpus = set(job.dispatch.gpu_indices)
+        after = set(job.dispatch.after)  # (their stops may not have reached this agent yet)
         deadline: float | None = None
         while True:
             with self._lock:
                 stopping = [other for other in self._jobs.values()
-                            if other is not job and other.stop_state is not None and other.process is not None
-                            and not other.exited.is_set() and gpus & set(other.dispatch.gpu_indices)]
+                            if other is not job and (other.stop_state is not None or other.key in after)
+                            and other.process is not None and not other.exited.is_set()
+                            and gpus & set(other.dispatch.gpu_indices)]
             now = time.monotonic()
             if not stopping or (deadline is not None and now >= deadline):
                 return
